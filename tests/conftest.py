@@ -1,0 +1,18 @@
+"""Test-wide setup: runs before any test module (and so before any kernel) is imported."""
+
+import os
+
+# Nothing may reach a hub or phone home from the tests.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+# Triton decides between compiled and interpreted kernels when a kernel is
+# decorated, so the interpreter must be chosen before any kernels module loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+torch.manual_seed(0)
