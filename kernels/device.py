@@ -39,7 +39,7 @@ class DeviceInfo:
 
     @property
     def arch(self) -> str:
-        """"sm_90"-style name, or "cpu"."""
+        """ "sm_90"-style name, or "cpu"."""
         if self.capability is None:
             return "cpu"
         return f"sm_{self.capability[0]}{self.capability[1]}"
@@ -73,9 +73,7 @@ def get_device_info(index: int | None = None) -> DeviceInfo:
         idx = torch.cuda.current_device() if index is None else index
         props = torch.cuda.get_device_properties(idx)
         cap = (props.major, props.minor)
-        smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(
-            props, "shared_memory_per_block", 0
-        )
+        smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
         if not triton_ok:
             mode = TritonMode.UNAVAILABLE
         elif _interpreter_requested():
