@@ -1,0 +1,1 @@
+"""The serving engine: sequences, paged KV blocks, scheduler, model runner, step loop."""

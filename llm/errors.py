@@ -1,0 +1,89 @@
+"""Errors a user can cause. Each message says what to do; app/ maps them to HTTP status codes.
+
+`http_status` is the status the API answers with for that error.
+"""
+
+from __future__ import annotations
+
+
+class VLChatError(Exception):
+    """Base class of every error a user of vlchat can cause."""
+
+    http_status: int = 500
+
+
+class InvalidRequestError(VLChatError, ValueError):
+    """The request itself is malformed (bad sampling parameter, bad message, empty prompt...)."""
+
+    http_status = 400
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus max_tokens) does not fit into the model's context length."""
+
+    def __init__(self, prompt_len: int, max_model_len: int, max_tokens: int | None = None) -> None:
+        self.prompt_len = prompt_len
+        self.max_model_len = max_model_len
+        self.max_tokens = max_tokens
+        wanted = f"{prompt_len} prompt tokens" + (f" + {max_tokens} max_tokens" if max_tokens else "")
+        super().__init__(
+            f"{wanted} exceed the model's context length of {max_model_len} tokens; "
+            "shorten the conversation or lower max_tokens"
+        )
+
+
+class ModelLoadError(VLChatError):
+    """A model directory cannot be loaded (missing files, unreadable config, bad weights)."""
+
+    http_status = 500
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model's architecture is not one vlchat implements."""
+
+    def __init__(self, architectures: list[str] | str | None, supported: list[str]) -> None:
+        self.architectures = architectures
+        self.supported = supported
+        super().__init__(
+            f"model architecture {architectures!r} is not supported; "
+            f"supported architectures: {', '.join(sorted(supported))}"
+        )
+
+
+class WeightMismatchError(ModelLoadError):
+    """The checkpoint's tensors do not match the model's parameters."""
+
+    def __init__(
+        self,
+        missing: list[str],
+        unexpected: list[str],
+        shape_mismatch: list[str] | None = None,
+        where: str = "",
+    ) -> None:
+        self.missing = sorted(missing)
+        self.unexpected = sorted(unexpected)
+        self.shape_mismatch = sorted(shape_mismatch or [])
+        parts = []
+        if self.missing:
+            parts.append(f"missing parameters (not in the checkpoint): {_preview(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected tensors (no matching parameter): {_preview(self.unexpected)}")
+        if self.shape_mismatch:
+            parts.append(f"shape mismatches: {_preview(self.shape_mismatch)}")
+        location = f" in {where}" if where else ""
+        super().__init__(
+            f"the checkpoint{location} does not match the model: "
+            + "; ".join(parts)
+            + ". Check that config.json belongs to these weights and that the architecture is right."
+        )
+
+
+class EngineOverloadedError(VLChatError):
+    """The engine cannot accept more requests right now; retry later."""
+
+    http_status = 503
+
+
+def _preview(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" ... and {len(names) - limit} more" if len(names) > limit else "")
