@@ -1,0 +1,68 @@
+"""Attention ops: paged decode (split-k), paged prefill/extend, varlen (vision), KV write.
+
+Each public function dispatches through `kernels.dispatch` to the Triton kernel
+or the torch reference (`reference.py`) for the tensor's device and dtype.
+Signatures and shapes: docs/INTERFACES.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels import dispatch
+from kernels.attention import reference
+from kernels.device import DeviceInfo, TritonMode, get_device_info
+
+WRITE_KV = "attention.write_kv_cache"
+DECODE = "attention.paged_decode"
+PREFILL = "attention.paged_prefill"
+VARLEN = "attention.varlen"
+
+dispatch.register(WRITE_KV, reference.write_kv_cache)
+dispatch.register(DECODE, reference.paged_decode_attention)
+dispatch.register(PREFILL, reference.paged_prefill_attention)
+dispatch.register(VARLEN, reference.varlen_attention)
+
+
+def device_for(t: torch.Tensor) -> DeviceInfo:
+    """The DeviceInfo of the device tensor `t` lives on (a CPU tensor on a GPU machine is a CPU)."""
+    if t.is_cuda:
+        return get_device_info(t.device.index)
+    info = get_device_info()
+    if not info.is_cuda:
+        return info
+    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    mode = TritonMode.INTERPRETED if interp else TritonMode.UNAVAILABLE
+    return DeviceInfo("cpu", "cpu", None, os.cpu_count() or 1, 0, 0, True, mode)
+
+
+def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
+    impl = dispatch.get_impl(WRITE_KV, k_cache.dtype, device_for(k_cache))
+    return impl(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0
+):
+    impl = dispatch.get_impl(DECODE, q.dtype, device_for(q))
+    return impl(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, softcap)
+
+
+def paged_prefill_attention(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
+    sliding_window=None, softcap=0.0,
+):  # fmt: skip
+    impl = dispatch.get_impl(PREFILL, q.dtype, device_for(q))
+    return impl(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal, sliding_window, softcap
+    )
+
+
+def varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal=False):
+    impl = dispatch.get_impl(VARLEN, q.dtype, device_for(q))
+    return impl(q, k, v, cu_seqlens, max_seqlen, scale, causal)
+
+
+__all__ = ["write_kv_cache", "paged_decode_attention", "paged_prefill_attention", "varlen_attention", "device_for"]

@@ -1,0 +1,157 @@
+"""Plain-torch attention: the ground truth of the kernel tests and the CPU serving path.
+
+Every op here has the signature of its public counterpart in `kernels.attention`
+(see docs/INTERFACES.md). Scores are accumulated in float32 (float64 inputs stay
+float64, which the tests use as ground truth); the output has the dtype of `q`.
+
+Masking rules shared by all ops (and by the Triton kernels):
+- a query at absolute position p sees key j when j <= p (causal) and, with a
+  sliding window W, when j > p - W; non-causal attention ignores the window;
+- softcap c > 0 replaces each scaled score s by c * tanh(s / c) (Gemma-2);
+- a query row that sees no key at all gets a zero output, never NaN.
+
+Decode is vectorized over the batch; prefill and varlen loop over sequences
+(never over tokens) and over query chunks sized to bound the score matrix.
+On a CPU tensor the decode path trims the block table to the longest sequence
+(a host sync); on a GPU tensor it reads the whole table and syncs nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Bound on the elements of one score matrix [heads, q_chunk, keys] in prefill.
+_SCORE_ELEMENTS = 1 << 25
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
+    """Store k/v rows into their paged-cache slots; slots < 0 are skipped."""
+    # k, v: [tokens, kv_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    slots = slot_mapping.to(torch.long)
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, k, v = slots[keep], k[keep], v[keep]
+    k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def _softmax_rows(scores, visible):
+    """Softmax over the last dim with `visible` as mask; rows with no visible key give zeros."""
+    scores = scores.masked_fill(~visible, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    probs = torch.exp(scores - row_max)  # exp(-inf) = 0 on masked keys
+    denom = probs.sum(dim=-1, keepdim=True)
+    return probs / torch.where(denom > 0, denom, torch.ones_like(denom))
+
+
+def _scale_and_cap(scores, scale, softcap):
+    scores = scores * scale
+    if softcap and softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
+
+
+def _visible(q_pos, k_pos, kv_len, causal, sliding_window):
+    """Mask [.., q, k] of keys each query sees: q_pos [..., q, 1], k_pos [k], kv_len broadcastable."""
+    vis = k_pos < kv_len
+    if causal:
+        vis = vis & (k_pos <= q_pos)
+        if sliding_window is not None and sliding_window > 0:
+            vis = vis & (k_pos > q_pos - sliding_window)
+    return vis
+
+
+def paged_decode_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0
+):
+    """One query token per sequence against its paged K/V (num_splits is ignored here)."""
+    # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
+    batch, q_heads, head_dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    group = q_heads // kv_heads
+    acc = _acc_dtype(q.dtype)
+    tables = block_tables.to(torch.long)
+    if not q.is_cuda and batch > 0:
+        used = (int(seq_lens.max()) + block_size - 1) // block_size
+        tables = tables[:, : max(used, 1)]
+    tables = tables.clamp(0, num_blocks - 1)  # entries past a sequence's end may be garbage
+    ctx = tables.shape[1] * block_size
+    keys = k_cache[tables].reshape(batch, ctx, kv_heads, head_dim).to(acc)  # [batch, ctx, kv_heads, d]
+    vals = v_cache[tables].reshape(batch, ctx, kv_heads, head_dim).to(acc)
+    qg = q.reshape(batch, kv_heads, group, head_dim).to(acc)  # [batch, kv_heads, group, d]
+    scores = torch.einsum("bhgd,bchd->bhgc", qg, keys)  # [batch, kv_heads, group, ctx]
+    scores = _scale_and_cap(scores, scale, softcap)
+    kv_len = seq_lens.to(torch.long).view(batch, 1, 1, 1)
+    k_pos = torch.arange(ctx, device=q.device)
+    vis = _visible(kv_len - 1, k_pos, kv_len, True, sliding_window)  # [batch, 1, 1, ctx]
+    probs = _softmax_rows(scores, vis)
+    res = torch.einsum("bhgc,bchd->bhgd", probs, vals).reshape(batch, q_heads, head_dim)
+    if out is None:
+        return res.to(q.dtype)
+    out.copy_(res)
+    return out
+
+
+def _attend(q, k, v, q_start, scale, causal, sliding_window, softcap, out):
+    """Attention of one sequence: q [n, q_heads, d] at positions q_start.., k/v [s, kv_heads, d]; writes out [n, ...]."""
+    n, q_heads, head_dim = q.shape
+    s, kv_heads, _ = k.shape
+    group = q_heads // kv_heads
+    acc = _acc_dtype(q.dtype)
+    k = k.to(acc)
+    v = v.to(acc)
+    k_pos = torch.arange(s, device=q.device)
+    chunk = max(1, _SCORE_ELEMENTS // max(1, q_heads * s))
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        qg = q[lo:hi].reshape(hi - lo, kv_heads, group, head_dim).to(acc)  # [m, kv_heads, group, d]
+        scores = torch.einsum("mhgd,shd->hgms", qg, k)  # [kv_heads, group, m, s]
+        scores = _scale_and_cap(scores, scale, softcap)
+        q_pos = torch.arange(q_start + lo, q_start + hi, device=q.device).view(-1, 1)
+        probs = _softmax_rows(scores, _visible(q_pos, k_pos, s, causal, sliding_window))
+        res = torch.einsum("hgms,shd->mhgd", probs, v)
+        out[lo:hi] = res.reshape(hi - lo, q_heads, head_dim).to(out.dtype)
+
+
+def _gather_paged(cache, table_row, length):
+    """The first `length` rows [length, kv_heads, head_dim] of one sequence's paged cache."""
+    block_size = cache.shape[1]
+    used = (length + block_size - 1) // block_size
+    rows = cache[table_row[:used].to(torch.long)]  # [used, block_size, kv_heads, d]
+    return rows.reshape(used * block_size, *cache.shape[2:])[:length]
+
+
+def paged_prefill_attention(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
+    sliding_window=None, softcap=0.0,
+):  # fmt: skip
+    """Varlen queries (the last tokens of each sequence) against their paged K/V, prefix included."""
+    # q: [total_q, q_heads, head_dim]; cu_seqlens_q: [batch + 1]; seq_lens: [batch]
+    out = torch.empty_like(q)
+    starts = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for i, kv_len in enumerate(lens):
+        lo, hi = starts[i], starts[i + 1]
+        if hi == lo:
+            continue
+        k = _gather_paged(k_cache, block_tables[i], kv_len)
+        v = _gather_paged(v_cache, block_tables[i], kv_len)
+        _attend(q[lo:hi], k, v, kv_len - (hi - lo), scale, causal, sliding_window, softcap, out[lo:hi])
+    return out
+
+
+def varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal=False):
+    """Attention within each sequence of a packed batch (vision encoders: one sequence per image)."""
+    # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]; cu_seqlens: [batch + 1]
+    out = torch.empty_like(q)
+    starts = cu_seqlens.tolist()
+    for lo, hi in zip(starts[:-1], starts[1:], strict=True):
+        if hi > lo:
+            _attend(q[lo:hi], k[lo:hi], v[lo:hi], 0, scale, causal, None, 0.0, out[lo:hi])
+    return out
