@@ -1,0 +1,12 @@
+"""Decoder ops other than attention: RMSNorm (with fused residual), gated activations, rotary.
+
+Each public function dispatches through `kernels.dispatch` to its Triton kernel
+or its torch reference for the tensor's device and dtype. Signatures and shapes:
+docs/INTERFACES.md.
+"""
+
+from kernels.ops.activation import gelu_tanh_and_mul, silu_and_mul
+from kernels.ops.rms_norm import rms_norm
+from kernels.ops.rotary import apply_rotary
+
+__all__ = ["rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "apply_rotary"]

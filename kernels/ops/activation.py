@@ -1,0 +1,95 @@
+"""Gated activations of the decoder MLP: SiLU-and-mul (SwiGLU) and tanh-GELU-and-mul (GeGLU).
+
+Input rows hold `[gate | up]` (the fused gate_up projection); the output is
+`act(gate) * up`. The reference rounds like transformers (activation in the
+input dtype, then the product); the kernel computes in fp32 and rounds once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels import dispatch
+from kernels.attention import device_for
+
+SILU = "ops.silu_and_mul"
+GELU_TANH = "ops.gelu_tanh_and_mul"
+BLOCK = 1024
+
+
+def silu_and_mul_reference(x):
+    # x: [tokens, 2 * inter] -> [tokens, inter]
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul_reference(x):
+    # x: [tokens, 2 * inter] -> [tokens, inter]
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp, stable for large |x| (exp(-2|x|) underflows to 0, giving +-1)
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == "silu":
+        act = gate / (1.0 + tl.exp(-gate))
+    else:  # gelu with the tanh approximation
+        act = 0.5 * gate * (1.0 + _tanh(0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)))
+    tl.store(out_ptr + row * stride_out + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _act_and_mul_triton(x, act):
+    tokens, width = x.shape
+    inter = width // 2
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
+    if tokens > 0 and inter > 0:
+        grid = (tokens, triton.cdiv(inter, BLOCK))
+        _act_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), inter, ACT=act, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def silu_and_mul_triton(x):
+    return _act_and_mul_triton(x, "silu")
+
+
+def gelu_tanh_and_mul_triton(x):
+    return _act_and_mul_triton(x, "gelu_tanh")
+
+
+dispatch.register(SILU, silu_and_mul_reference, silu_and_mul_triton)
+dispatch.register(GELU_TANH, gelu_tanh_and_mul_reference, gelu_tanh_and_mul_triton)
+
+
+def _check(x, name):
+    if x.dim() != 2 or x.shape[-1] % 2:
+        raise ValueError(f"{name} expects x [tokens, 2 * inter]; got {tuple(x.shape)}")
+
+
+def silu_and_mul(x):
+    """SwiGLU: silu(x[:, :inter]) * x[:, inter:] for x [tokens, 2 * inter] -> [tokens, inter]."""
+    _check(x, "silu_and_mul")
+    return dispatch.get_impl(SILU, x.dtype, device_for(x))(x)
+
+
+def gelu_tanh_and_mul(x):
+    """GeGLU: gelu_tanh(x[:, :inter]) * x[:, inter:] for x [tokens, 2 * inter] -> [tokens, inter]."""
+    _check(x, "gelu_tanh_and_mul")
+    return dispatch.get_impl(GELU_TANH, x.dtype, device_for(x))(x)

@@ -1,0 +1,112 @@
+"""RMSNorm, optionally fused with the residual add before it.
+
+`rms_norm(x, weight, eps)` normalises each row; with `residual` it first forms
+`new_residual = x + residual` (rounded to the input dtype, as the decoder's
+residual stream is) and normalises that. `weight_offset=1.0` gives Gemma's
+`(1 + weight)` norm.
+
+The reference follows transformers' rounding: Llama-style norms multiply the
+weight after casting the normalised row back to the input dtype; Gemma-style
+(offset) norms stay in fp32 until the end. The Triton kernel stays in fp32 until
+the final store.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import dispatch
+from kernels.attention import device_for
+
+OP = "ops.rms_norm"
+MAX_HIDDEN = 65536  # one program holds a whole row
+
+
+def rms_norm_reference(x, weight, eps, residual=None, weight_offset=0.0):
+    # x, residual: [tokens, hidden]; weight: [hidden]
+    if residual is not None:
+        x = x + residual
+        new_residual = x
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight_offset == 0.0:
+        out = weight * normed.to(x.dtype)
+    else:
+        out = (normed * (weight.float() + weight_offset)).to(x.dtype)
+    return out if residual is None else (out, new_residual)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
+    stride_x, stride_res, stride_out, stride_new_res,
+    hidden, eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        # the sum rounded to the input dtype, like the decoder's residual stream (and torch's add)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(new_res_ptr + row * stride_new_res + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    tl.store(out_ptr + row * stride_out + cols, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _num_warps(block: int) -> int:
+    return max(1, min(16, block // 256))
+
+
+def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
+    # x, residual: [tokens, hidden]; weight: [hidden]
+    tokens, hidden = x.shape
+    if hidden > MAX_HIDDEN:
+        raise ValueError(f"rms_norm supports hidden sizes up to {MAX_HIDDEN}; got {hidden}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty_like(x)
+    new_res = torch.empty_like(x) if residual is not None else out
+    res = residual if residual is not None else x
+    if res.stride(-1) != 1:
+        res = res.contiguous()
+    block = triton.next_power_of_2(hidden)
+    if tokens > 0:
+        _rms_norm_kernel[(tokens,)](
+            x, res, weight.contiguous(), out, new_res,
+            x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
+            hidden, float(eps), float(weight_offset),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_num_warps(block),
+        )  # fmt: skip
+    return out if residual is None else (out, new_res)
+
+
+dispatch.register(OP, rms_norm_reference, rms_norm_triton)
+
+
+def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
+    """Normalise each row of x ([tokens, hidden]); with `residual`, return (out, x + residual).
+
+    Args:
+        x: [tokens, hidden] activations.
+        weight: [hidden] scale.
+        eps: added to the mean square.
+        residual: optional [tokens, hidden] residual added to x before the norm.
+        weight_offset: 1.0 for Gemma's (1 + weight) scale.
+    Returns:
+        out, or (out, new_residual) when `residual` is given.
+    """
+    if x.dim() != 2 or weight.shape != (x.shape[-1],):
+        raise ValueError(
+            f"rms_norm expects x [tokens, hidden] and weight [hidden]; got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+    impl = dispatch.get_impl(OP, x.dtype, device_for(x))
+    return impl(x, weight, eps, residual, weight_offset)

@@ -1,0 +1,75 @@
+"""Rotary: the Triton kernel (interpreted on CPU) against the torch reference, and the reference against transformers."""
+
+import pytest
+import torch
+
+from kernels import dispatch
+from kernels.ops import apply_rotary
+from kernels.ops.rotary import OP, apply_rotary_reference
+
+TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _cache(max_pos, rot, base=10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.int64).float() / rot))
+    freqs = torch.arange(max_pos).float()[:, None] * inv_freq  # [max_pos, rot / 2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", list(TOLS), ids=str)
+@pytest.mark.parametrize("head_dim,rot", [(16, 16), (24, 8), (20, 20)], ids=["full", "partial", "non_pow2"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_triton_matches_reference(dtype, head_dim, rot, is_neox):
+    tokens = 7
+    q = torch.randn(tokens, 5, head_dim).to(dtype)
+    k = torch.randn(tokens, 2, head_dim).to(dtype)
+    positions = torch.randint(0, 64, (tokens,))
+    cache = _cache(64, rot)
+    got_q, got_k = dispatch.get_impl(OP, dtype, backend="triton")(q, k, positions, cache, rot, is_neox)
+    want_q, want_k = apply_rotary_reference(q.float(), k.float(), positions, cache, rot, is_neox)
+    torch.testing.assert_close(got_q.float(), want_q, rtol=TOLS[dtype], atol=TOLS[dtype])
+    torch.testing.assert_close(got_k.float(), want_k, rtol=TOLS[dtype], atol=TOLS[dtype])
+    assert torch.equal(got_q[..., rot:], q[..., rot:])  # pass-through channels untouched
+
+
+def test_triton_reads_strided_views_of_a_fused_qkv():
+    qkv = torch.randn(6, (4 + 2 + 2) * 16)
+    q = qkv[:, : 4 * 16].view(6, 4, 16)
+    k = qkv[:, 4 * 16 : 6 * 16].view(6, 2, 16)
+    positions = torch.arange(6) + 3
+    cache = _cache(16, 16)
+    got = dispatch.get_impl(OP, torch.float32, backend="triton")(q, k, positions, cache)
+    want = apply_rotary_reference(q, k, positions, cache)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_neox_matches_transformers_llama():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    positions = torch.tensor([0, 3, 9, 10, 31])
+    cache = _cache(32, 16)
+    cos, sin = cache[positions].chunk(2, dim=-1)
+    cos, sin = torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None]  # [1, tokens, head_dim]
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    got_q, got_k = apply_rotary(q, k, positions, cache)
+    assert torch.equal(got_q, want_q[0].transpose(0, 1))
+    assert torch.equal(got_k, want_k[0].transpose(0, 1))
+
+
+def test_reference_gptj_matches_transformers_gptj():
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
+    q = torch.randn(5, 4, 16)
+    positions = torch.tensor([0, 1, 2, 17, 30])
+    cache = _cache(32, 8)
+    sin, cos = cache[positions].chunk(2, dim=-1)[::-1]
+    want = torch.cat((apply_rotary_pos_emb(q[None, :, :, :8], sin[None], cos[None])[0], q[..., 8:]), -1)
+    got_q, _ = apply_rotary(q, q[:, :1], positions, cache, rotary_dim=8, is_neox=False)
+    torch.testing.assert_close(got_q, want, rtol=1e-6, atol=1e-6)
+
+
+def test_rejects_cache_width_mismatch():
+    with pytest.raises(ValueError, match="rotary_dim"):
+        apply_rotary(torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.arange(2), _cache(4, 16), rotary_dim=8)
