@@ -40,7 +40,7 @@ def test_triton_reads_strided_views_of_a_fused_qkv():
     cache = _cache(16, 16)
     got = dispatch.get_impl(OP, torch.float32, backend="triton")(q, k, positions, cache)
     want = apply_rotary_reference(q, k, positions, cache)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
