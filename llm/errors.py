@@ -39,15 +39,12 @@ class ModelLoadError(VLChatError):
 
 
 class UnsupportedModelError(ModelLoadError):
-    """The model's architecture is not one vlchat implements."""
+    """The model's architecture (or a feature of it, e.g. its activation) is not one vlchat implements."""
 
-    def __init__(self, architectures: list[str] | str | None, supported: list[str]) -> None:
-        self.architectures = architectures
+    def __init__(self, what: str, supported: list[str]) -> None:
+        self.what = what
         self.supported = supported
-        super().__init__(
-            f"model architecture {architectures!r} is not supported; "
-            f"supported architectures: {', '.join(sorted(supported))}"
-        )
+        super().__init__(f"{what} is not supported; supported: {', '.join(sorted(supported))}")
 
 
 class WeightMismatchError(ModelLoadError):

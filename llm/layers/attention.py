@@ -1,0 +1,77 @@
+"""The attention core of a decoder layer: write the new K/V into the paged cache, attend.
+
+It reads the step's `AttentionMetadata` (llm/engine/context.py) and its own
+`kv_cache`, a `(k_cache, v_cache)` pair of `[num_blocks, block_size, kv_heads,
+head_dim]` tensors that the model runner assigns after allocating the cache.
+
+Without metadata or without a cache (a profiling or warm-up pass before the
+cache exists) the batch is attended to contiguously, causally, with no cache
+written: one sequence when there is no metadata, else the sequences of
+`cu_seqlens_q` (which must then have no cached prefix). Sliding window and
+softcap are ignored on that path; it exists to size memory, not to serve.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.attention import paged_decode_attention, paged_prefill_attention, varlen_attention, write_kv_cache
+from llm.engine.context import get_context
+
+
+class Attention(nn.Module):
+    """Causal attention over the paged KV cache.
+
+    Args:
+        num_heads: query heads; num_kv_heads: key/value heads (GQA when fewer).
+        head_dim: size of one head; scale: score multiplier (usually head_dim ** -0.5).
+        sliding_window: None, or W: a query at position p sees keys at positions > p - W.
+        softcap: > 0 caps scores with softcap * tanh(score / softcap).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        softcap: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window or None
+        self.softcap = softcap
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]
+        ctx = get_context()
+        if ctx is None or self.kv_cache is None:
+            return self._contiguous(q, k, v, ctx)
+        k_cache, v_cache = self.kv_cache
+        write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            return paged_prefill_attention(
+                q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,
+                ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
+            )  # fmt: skip
+        return paged_decode_attention(
+            q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
+            sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap,
+        )  # fmt: skip
+
+    def _contiguous(self, q, k, v, ctx) -> torch.Tensor:
+        if ctx is not None and ctx.cu_seqlens_q is not None:
+            cu_seqlens, max_seqlen = ctx.cu_seqlens_q, ctx.max_seqlen_q
+        else:
+            tokens = q.shape[0]
+            cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=q.device)
+            max_seqlen = tokens
+        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, self.scale, causal=True)

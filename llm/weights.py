@@ -1,0 +1,208 @@
+"""Loading a model from a local Hugging Face directory: config.json, then the weights.
+
+Checkpoint formats: one or sharded safetensors (with `model.safetensors.index.json`)
+and legacy `pytorch_model*.bin` (read with `torch.load(weights_only=True)`).
+
+Name mapping is declarative. A model lists `WeightRule`s in `weight_mapping`;
+every rule whose regex matches a checkpoint name rewrites it in turn, and may say
+which piece (`shard`) of a fused parameter the tensor is, or give a `loader` for a
+packed layout. The rewritten name is looked up as is, with a leading "model."
+added, and with it removed, which covers the layouts transformers writes for a
+`*ForCausalLM` and for its bare `*Model`. Every parameter piece must be filled
+exactly from the checkpoint; anything missing, unexpected or misshapen raises a
+`WeightMismatchError` naming the tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
+from llm.layers.linear import default_weight_loader
+
+ALL_SHARDS = "*"
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class WeightRule:
+    """Rewrite checkpoint names matching `pattern` (a regex, searched) with `replacement` (re.sub syntax).
+
+    Args:
+        replacement: None drops the tensor (e.g. rotary `inv_freq` buffers, a tied lm_head).
+        shard: which piece of a fused parameter the tensor fills ("q", 0, ...; "*" = all of them).
+        loader: `loader(param, tensor)` used instead of the parameter's own `weight_loader`.
+    """
+
+    pattern: str
+    replacement: str | None
+    shard: str | int | None = None
+    loader: Callable[[nn.Parameter, torch.Tensor], None] | None = None
+
+
+def map_name(name: str, rules: list[WeightRule]) -> tuple[str, object, Callable | None] | None:
+    """Apply every matching rule in order; None when a rule drops the tensor."""
+    shard, loader = None, None
+    for rule in rules:
+        if re.search(rule.pattern, name) is None:
+            continue
+        if rule.replacement is None:
+            return None
+        name = re.sub(rule.pattern, rule.replacement, name)
+        shard = rule.shard if rule.shard is not None else shard
+        loader = rule.loader or loader
+    return name, shard, loader
+
+
+def _resolve(target: str, params: dict[str, nn.Parameter]) -> str | None:
+    stripped = target[len("model.") :] if target.startswith("model.") else None
+    for candidate in (target, "model." + target, stripped):
+        if candidate is not None and candidate in params:
+            return candidate
+    return None
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The weight files of a model directory, safetensors preferred over .bin."""
+    model_dir = Path(model_dir)
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = model_dir / index_name
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = [model_dir / f for f in sorted(set(weight_map.values()))]
+            absent = [f.name for f in files if not f.is_file()]
+            if absent:
+                raise ModelLoadError(f"{index} lists shards that are not in {model_dir}: {', '.join(absent)}")
+            return files
+    for pattern in ("model*.safetensors", "*.safetensors", "pytorch_model*.bin"):
+        files = sorted(model_dir.glob(pattern))
+        if files:
+            return files
+    raise ModelLoadError(
+        f"no weights in {model_dir}: expected model.safetensors, sharded model-*.safetensors with "
+        "model.safetensors.index.json, or pytorch_model*.bin"
+    )
+
+
+def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, cpu tensor) pairs of every tensor in the files, with a progress bar over the files."""
+    from safetensors import safe_open
+    from tqdm.auto import tqdm
+
+    for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 1):
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # a pickle with code, or a truncated file
+                raise ModelLoadError(f"cannot read {path} as plain tensors ({e}); convert it to safetensors") from e
+            yield from state.items()
+
+
+def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule] | None = None, progress=True):
+    """Fill every parameter of `model` from the checkpoint in `model_dir` (see the module docstring)."""
+    rules = list(getattr(model, "weight_mapping", [])) if rules is None else rules
+    params = dict(model.named_parameters())
+    expected = {(n, s) for n, p in params.items() for s in getattr(p, "shards", (None,))}
+    loaded: set[tuple[str, object]] = set()
+    unexpected, mismatched = [], []
+    with torch.no_grad():
+        for name, tensor in iter_checkpoint(checkpoint_files(model_dir), progress):
+            mapped = map_name(name, rules)
+            if mapped is None:
+                continue
+            target, shard, loader = mapped
+            pname = _resolve(target, params)
+            if pname is None:
+                unexpected.append(name)
+                continue
+            param = params[pname]
+            try:
+                if loader is not None:
+                    loader(param, tensor)
+                else:
+                    getattr(param, "weight_loader", default_weight_loader)(param, tensor, shard)
+            except ValueError as e:
+                mismatched.append(f"{name} -> {pname}: {e}")
+                continue
+            pieces = getattr(param, "shards", (None,)) if shard in (None, ALL_SHARDS) else (shard,)
+            loaded.update((pname, s) for s in pieces)
+    missing = [n if s is None else f"{n} (piece {s!r})" for n, s in sorted(expected - loaded, key=str)]
+    if missing or unexpected or mismatched:
+        raise WeightMismatchError(missing, unexpected, mismatched, where=str(model_dir))
+
+
+def load_hf_config(model_dir: str | Path):
+    """The transformers config of a local model directory (a plain `PretrainedConfig` for unknown model types)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{model_dir} has no config.json; point --model at a Hugging Face model directory")
+    try:
+        return AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except (ValueError, KeyError):
+        # a model type transformers does not know (e.g. internlm2, which ships remote code): read it as plain fields
+        try:
+            return PretrainedConfig.from_dict(json.loads(config_path.read_text()))
+        except (ValueError, TypeError) as e:
+            raise ModelLoadError(f"cannot read {config_path}: {e}") from e
+
+
+def resolve_dtype(hf_config, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """The explicit `dtype` unless None/"auto", else the config's `dtype` (`torch_dtype`), else float32."""
+    if dtype is None or dtype == "auto":
+        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise InvalidRequestError(f"dtype {dtype} is not supported; use float32, float16 or bfloat16")
+        return dtype
+    key = str(dtype).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise InvalidRequestError(f"unknown dtype {dtype!r}; use auto, float32, float16 or bfloat16")
+    return _DTYPES[key]
+
+
+def load_model(model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True):
+    """Build the model class registered for the directory's architecture and load its weights.
+
+    Args:
+        model_dir: a local Hugging Face model directory.
+        dtype: None/"auto" takes the config's dtype; else float32, float16 or bfloat16.
+        device: where the parameters are allocated.
+
+    Returns:
+        The model in eval mode; its `hf_config` and `dtype` attributes say what it was built from.
+    """
+    from llm.models.registry import get_model_class
+
+    hf_config = load_hf_config(model_dir)
+    model_cls = get_model_class(hf_config)
+    torch_dtype = resolve_dtype(hf_config, dtype)
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch_dtype)
+        with torch.device(device):
+            model = model_cls(hf_config, torch_dtype)
+    finally:
+        torch.set_default_dtype(previous)
+    load_weights(model, model_dir, progress=progress)
+    model.hf_config = hf_config
+    model.dtype = torch_dtype
+    return model.eval()
