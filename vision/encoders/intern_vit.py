@@ -1,0 +1,140 @@
+"""InternViT (the tower of HF-native InternVL): pre-norm blocks with layer scale, optional q/k RMSNorm.
+
+Followed in the VLM by `pixel_shuffle`, which folds each 2x2 block of patch features into
+one token four times as wide before the projector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vision.layers import RMSNorm, VisionAttention, mlp, uniform_cu_seqlens
+from vision.weights import Rule, load_into, packed_rules
+
+
+def _pair(v) -> int:
+    if isinstance(v, (list, tuple)):
+        if v[0] != v[1]:
+            raise ValueError(f"non-square InternViT sizes are not supported: {v}")
+        return int(v[0])
+    return int(v)
+
+
+@dataclass(slots=True)
+class InternViTConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int
+    patch_size: int
+    num_channels: int = 3
+    hidden_act: str = "gelu"
+    eps: float = 1e-6
+    norm_type: str = "layer_norm"
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    final_norm: bool = False  # a LayerNorm after the last layer (use_mean_pooling=False)
+
+    def __post_init__(self) -> None:
+        if self.norm_type not in ("layer_norm", "rms_norm"):
+            raise ValueError(f"norm_type must be layer_norm or rms_norm, got {self.norm_type!r}")
+
+    @classmethod
+    def from_hf(cls, cfg) -> InternViTConfig:
+        if not getattr(cfg, "use_absolute_position_embeddings", True):
+            raise ValueError("InternViT without absolute position embeddings is not supported")
+        return cls(
+            cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            _pair(cfg.image_size), _pair(cfg.patch_size), cfg.num_channels, cfg.hidden_act, cfg.layer_norm_eps,
+            cfg.norm_type, cfg.attention_bias, cfg.use_qk_norm, not cfg.use_mean_pooling,
+        )  # fmt: skip
+
+    @property
+    def seq_len(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+
+class InternViTLayer(nn.Module):
+    def __init__(self, cfg: InternViTConfig) -> None:
+        super().__init__()
+        norm = nn.LayerNorm if cfg.norm_type == "layer_norm" else RMSNorm
+        self.layernorm_before = norm(cfg.hidden_size, eps=cfg.eps)
+        self.attention = VisionAttention(cfg.hidden_size, cfg.num_heads, cfg.qkv_bias, cfg.qk_norm)
+        self.layernorm_after = norm(cfg.hidden_size, eps=cfg.eps)
+        self.mlp = mlp(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        self.lambda_1 = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lambda_2 = nn.Parameter(torch.ones(cfg.hidden_size))
+
+    def forward(self, x, cu_seqlens, max_seqlen):
+        x = x + self.lambda_1 * self.attention(self.layernorm_before(x), cu_seqlens, max_seqlen)
+        return x + self.lambda_2 * self.mlp(self.layernorm_after(x))
+
+
+class InternViT(nn.Module):
+    """pixel_values [tiles, C, H, W] -> [tiles, 1 + patches, hidden] at HF `vision_feature_layer`."""
+
+    def __init__(self, cfg: InternViTConfig, feature_layer: int = -1) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.use_final_norm = feature_layer == -1 and cfg.final_norm
+        depth = feature_layer if feature_layer >= 0 else cfg.num_layers + 1 + feature_layer
+        if not 0 <= depth <= cfg.num_layers:
+            raise ValueError(f"vision_feature_layer {feature_layer} out of range for {cfg.num_layers} layers")
+        d = cfg.hidden_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.projection = nn.Conv2d(cfg.num_channels, d, cfg.patch_size, cfg.patch_size)
+        self.position_embeddings = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
+        self.layers = nn.ModuleList(InternViTLayer(cfg) for _ in range(depth))
+        self.layernorm = nn.LayerNorm(d, eps=cfg.eps) if self.use_final_norm else None
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n = pixel_values.shape[0]
+        if pixel_values.shape[-1] != self.cfg.image_size or pixel_values.shape[-2] != self.cfg.image_size:
+            raise ValueError(f"InternViT takes {self.cfg.image_size}px tiles, got {tuple(pixel_values.shape[-2:])}")
+        x = self.projection(pixel_values.to(self.projection.weight.dtype)).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(n, -1, -1), x], dim=1) + self.position_embeddings
+        seq, d = x.shape[1], x.shape[2]
+        cu_seqlens = uniform_cu_seqlens(n, seq, x.device)
+        x = x.reshape(n * seq, d)
+        for layer in self.layers:
+            x = layer(x, cu_seqlens, seq)
+        if self.layernorm is not None:
+            x = self.layernorm(x)
+        return x.view(n, seq, d)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        depth = len(self.layers)
+
+        def wanted(name: str) -> bool:
+            if name.startswith("encoder.layer."):
+                return int(name.split(".")[2]) < depth
+            return not (name.startswith("layernorm.") and self.layernorm is None)
+
+        load_into(self, ((n, t) for n, t in weights if wanted(n)), _RULES, "the InternViT tower")
+
+
+def pixel_shuffle(features: torch.Tensor, scale: float) -> torch.Tensor:
+    """[tiles, side, side, C] -> [tiles, side*scale, side*scale, C/scale**2], exactly as HF InternVL folds it."""
+    n, w, h, c = features.shape
+    x = features.view(n, w, int(h * scale), int(c / scale)).permute(0, 2, 1, 3).contiguous()
+    x = x.view(n, int(h * scale), int(w * scale), int(c / scale**2))
+    return x.permute(0, 2, 1, 3).contiguous()
+
+
+_L = r"encoder\.layer\.(\d+)\."
+_RULES = [
+    Rule(r"embeddings\.cls_token", "cls_token"),
+    Rule(r"embeddings\.position_embeddings", "position_embeddings"),
+    Rule(r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"projection.\1"),
+    *packed_rules(_L + r"attention\.{}_proj\.(weight|bias)", ("q", "k", "v"), r"layers.\1.attention.qkv.\2"),
+    Rule(_L + r"attention\.projection_layer\.(weight|bias)", r"layers.\1.attention.proj.\2"),
+    Rule(_L + r"attention\.([qk]_norm\.weight)", r"layers.\1.attention.\2"),
+    Rule(_L + r"(layernorm_before|layernorm_after|mlp\.fc[12])\.(weight|bias)", r"layers.\1.\2.\3"),
+    Rule(_L + r"(lambda_[12])", r"layers.\1.\2"),
+    Rule(r"layernorm\.(weight|bias)", r"layernorm.\1"),
+]

@@ -1,0 +1,160 @@
+"""The Qwen2-VL and Qwen2.5-VL vision transformers: native-resolution patches, 2D rotary, patch merger.
+
+Qwen2-VL: LayerNorm blocks with a GELU MLP, every block attends over the whole image.
+Qwen2.5-VL: RMSNorm blocks with a SwiGLU MLP; blocks attend within windows of
+`window_size` pixels except those at `fullatt_block_indexes`, which see the whole image.
+Both take the processor's flattened patches `[patches, C*T*P*P]` and `grid_thw`
+`[images, 3]`, and return `[patches / merge**2, out_hidden]` merged tokens in the
+processor's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
+from vision.weights import Rule, load_into
+
+from .qwen_windows import full_cu_seqlens, rotary_positions, window_index
+
+
+@dataclass(slots=True)
+class QwenViTConfig:
+    version: str  # "2" | "2.5"
+    dim: int
+    depth: int
+    num_heads: int
+    intermediate_size: int
+    out_hidden_size: int
+    hidden_act: str
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    rope_theta: float = 10000.0
+    window_size: int = 0  # pixels; 0 = no windows (Qwen2-VL)
+    fullatt_block_indexes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.version not in ("2", "2.5"):
+            raise ValueError(f"version must be '2' or '2.5', got {self.version!r}")
+        if self.dim % self.num_heads or (self.dim // self.num_heads) % 4:
+            raise ValueError(f"vision dim {self.dim} / {self.num_heads} heads must give a head_dim divisible by 4")
+
+    @classmethod
+    def from_hf(cls, cfg) -> QwenViTConfig:
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        common = dict(
+            num_heads=cfg.num_heads,
+            hidden_act=cfg.hidden_act,
+            patch_size=cfg.patch_size,
+            temporal_patch_size=cfg.temporal_patch_size,
+            spatial_merge_size=cfg.spatial_merge_size,
+            in_channels=getattr(cfg, "in_channels", getattr(cfg, "in_chans", 3)),
+            rope_theta=float(rope.get("rope_theta", 10000.0)),
+        )
+        if hasattr(cfg, "out_hidden_size"):  # Qwen2.5-VL
+            return cls(
+                "2.5", cfg.hidden_size, cfg.depth, intermediate_size=cfg.intermediate_size,
+                out_hidden_size=cfg.out_hidden_size, window_size=cfg.window_size,
+                fullatt_block_indexes=list(cfg.fullatt_block_indexes), **common,
+            )  # fmt: skip
+        return cls(
+            "2", cfg.embed_dim, cfg.depth, intermediate_size=int(cfg.embed_dim * cfg.mlp_ratio),
+            out_hidden_size=cfg.hidden_size, **common,
+        )  # fmt: skip
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+
+class QwenViTBlock(nn.Module):
+    def __init__(self, cfg: QwenViTConfig) -> None:
+        super().__init__()
+        if cfg.version == "2":
+            self.norm1, self.norm2 = nn.LayerNorm(cfg.dim, eps=1e-6), nn.LayerNorm(cfg.dim, eps=1e-6)
+            self.mlp = mlp(cfg.dim, cfg.intermediate_size, cfg.hidden_act)
+        else:
+            self.norm1, self.norm2 = RMSNorm(cfg.dim), RMSNorm(cfg.dim)
+            self.mlp = SwiGLU(cfg.dim, cfg.intermediate_size, cfg.hidden_act, bias=True)
+        self.attn = VisionAttention(cfg.dim, cfg.num_heads)
+
+    def forward(self, x, cu_seqlens, max_seqlen, rotary):
+        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """Norm, then each merge x merge block of neighbouring patches -> one LLM token through an MLP."""
+
+    def __init__(self, cfg: QwenViTConfig) -> None:
+        super().__init__()
+        self.merged_dim = cfg.dim * cfg.spatial_merge_size**2
+        self.ln_q = nn.LayerNorm(cfg.dim, eps=1e-6) if cfg.version == "2" else RMSNorm(cfg.dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(self.merged_dim, self.merged_dim), nn.GELU(), nn.Linear(self.merged_dim, cfg.out_hidden_size)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ln_q(x).view(-1, self.merged_dim))
+
+
+class QwenVisionTransformer(nn.Module):
+    def __init__(self, cfg: QwenViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        kernel = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv3d(cfg.in_channels, cfg.dim, kernel, kernel, bias=False)
+        half = cfg.head_dim // 2
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.blocks = nn.ModuleList(QwenViTBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg)
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """pixel_values: [patches, C*T*P*P]; grid_thw: [images, 3] -> [patches / merge**2, out_hidden]."""
+        cfg = self.cfg
+        weight = self.patch_embed.proj.weight
+        # The conv's kernel equals its stride over the whole patch: it is one matmul.
+        x = F.linear(pixel_values.to(weight.dtype).view(-1, cfg.patch_dim), weight.view(cfg.dim, -1))  # [N, dim]
+        grids = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
+        pos = rotary_positions(grids, cfg.spatial_merge_size).to(x.device)  # [N, 2]
+        freqs = (pos[..., None].float() * self.inv_freq).flatten(1)  # [N, head_dim / 2]: h freqs then w freqs
+        emb = torch.cat([freqs, freqs], dim=-1)  # [N, head_dim]
+        cu_full, max_full = full_cu_seqlens(grids, x.device)
+        order = None
+        if cfg.window_size:
+            unit = cfg.spatial_merge_size**2
+            order, cu_win, max_win = window_index(grids, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
+            order = order.to(x.device)
+            cu_win = cu_win.to(x.device)
+            x = x.view(-1, unit, cfg.dim)[order].view(-1, cfg.dim)
+            emb = emb.view(-1, unit, emb.shape[-1])[order].view(-1, emb.shape[-1])
+        rotary = (emb.cos(), emb.sin())
+        for i, block in enumerate(self.blocks):
+            if order is None or i in cfg.fullatt_block_indexes:
+                x = block(x, cu_full, max_full, rotary)
+            else:
+                x = block(x, cu_win, max_win, rotary)
+        merged = self.merger(x)
+        if order is not None:
+            merged = merged[torch.argsort(order)]
+        return merged
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the HF `visual.*` weights (names relative to the tower)."""
+        load_into(self, weights, _RULES, "the Qwen vision tower")
+
+
+_RULES = [Rule(r"(patch_embed\.proj\.weight|blocks\.\d+\..*|merger\.(ln_q|mlp\.[02])\.(weight|bias))", r"\1")]

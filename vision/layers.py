@@ -1,0 +1,115 @@
+"""Building blocks shared by the vision towers: packed-QKV attention on the varlen kernel, norms, MLPs.
+
+Every tower runs on packed tokens `[tokens, dim]` with `cu_seqlens` marking where each
+image (or window) starts, so a batch of images of different sizes is one kernel call.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from timm.layers import Mlp, QuickGELU
+from torch import nn
+
+from kernels.attention import varlen_attention
+
+ACTIVATIONS = {
+    "quick_gelu": QuickGELU,
+    "gelu": nn.GELU,
+    "gelu_pytorch_tanh": partial(nn.GELU, approximate="tanh"),
+    "gelu_new": partial(nn.GELU, approximate="tanh"),
+    "silu": nn.SiLU,
+    "relu": nn.ReLU,
+}
+
+
+def activation(name: str) -> type[nn.Module]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"vision activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def mlp(dim: int, hidden: int, act: str) -> Mlp:
+    """fc1 -> act -> fc2 (timm's Mlp: the parameter names match the HF towers')."""
+    return Mlp(dim, hidden, act_layer=activation(act))
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 and scaled in the input dtype, as the HF vision towers do."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)) with HF's names gate_proj/up_proj/down_proj."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.act = activation(act)()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class VisionAttention(nn.Module):
+    """Bidirectional multi-head attention within each segment of cu_seqlens (one image or window).
+
+    q, k and v come from one packed `qkv` linear; `rotary` (cos, sin: [tokens, head_dim], fp32)
+    rotates q and k in fp32 like the HF Qwen towers; `qk_norm` is InternViT-6B's RMSNorm over
+    the whole q and k vectors.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, qk_norm: bool = False, eps: float = 1e-6):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"vision hidden size {dim} is not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.q_norm = RMSNorm(dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(dim, eps) if qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, dim]
+        cu_seqlens: torch.Tensor,  # [segments + 1] int32
+        max_seqlen: int,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each [tokens, dim]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_heads, self.head_dim)
+        if rotary is not None:
+            cos, sin = (t.unsqueeze(1) for t in rotary)  # [tokens, 1, head_dim]
+            q32, k32 = q.float(), k.float()
+            q = (q32 * cos + rotate_half(q32) * sin).to(v.dtype)
+            k = (k32 * cos + rotate_half(k32) * sin).to(v.dtype)
+        out = varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, max_seqlen, self.scale)
+        return self.proj(out.reshape(tokens, -1))
+
+
+def uniform_cu_seqlens(num_segments: int, length: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(num_segments + 1, device=device, dtype=torch.int32) * length
