@@ -1,0 +1,132 @@
+"""Engine configuration: built once at the edge (CLI, app, `LLM(...)`) and passed down.
+
+Each component copies the fields it uses. `EngineConfig.from_options(model, **options)`
+routes flat keyword options (`LLM(model, max_num_seqs=8, num_blocks=64)`) to the
+sub-config that owns them. No component reads environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from llm.errors import InvalidRequestError
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cuda", "cpu")
+KERNEL_BACKENDS = ("auto", "triton", "torch")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message)
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    """Paged KV cache.
+
+    Args:
+        block_size: tokens per KV block.
+        cache_fraction: on CUDA, the fraction of the free GPU memory (measured after the
+            weights are loaded and a warm-up forward ran) given to the KV cache.
+        num_blocks: an explicit number of KV blocks; overrides `cache_fraction`/`cpu_cache_gb`.
+        cpu_cache_gb: on CPU, the KV cache size in GB.
+        enable_prefix_caching: share full blocks across requests by content hash.
+    """
+
+    block_size: int = 16
+    cache_fraction: float = 0.9
+    num_blocks: int | None = None
+    cpu_cache_gb: float = 0.25
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
+               f"block_size must be a power of two, got {self.block_size}")  # fmt: skip
+        _check(0.0 < self.cache_fraction <= 1.0, f"cache_fraction must be in (0, 1], got {self.cache_fraction}")
+        _check(self.num_blocks is None or self.num_blocks >= 1, f"num_blocks must be >= 1, got {self.num_blocks}")
+        _check(self.cpu_cache_gb > 0, f"cpu_cache_gb must be > 0, got {self.cpu_cache_gb}")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Continuous batching.
+
+    Args:
+        max_num_seqs: sequences running at once (also the largest CUDA-graph decode batch).
+        max_num_batched_tokens: token budget of one step; prompts longer than what is left
+            of it are prefilled in chunks, mixed with the decodes of running sequences.
+        enable_chunked_prefill: split long prompts over several steps; when off, a prompt
+            must fit the budget whole (the budget is then raised to max_model_len).
+    """
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _check(self.max_num_batched_tokens >= 1,
+               f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")  # fmt: skip
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Everything the engine needs to start.
+
+    Args:
+        model: a local Hugging Face model directory.
+        tokenizer: tokenizer directory (default: the model directory).
+        dtype: "auto" takes the config's dtype on CUDA (bf16 falls back to fp16 where the
+            GPU lacks bf16) and float32 on CPU.
+        device: "auto" picks CUDA when present.
+        max_model_len: context limit; default from the config and its RoPE scaling.
+        enforce_eager: never capture CUDA graphs.
+        kernel_backend: "auto" | "triton" | "torch", passed to kernels.settings.set_backend.
+        seed: seeds the engine's generator used by unseeded sampling requests.
+        served_model_name: the name the API reports (default: the directory name).
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    kernel_backend: str = "auto"
+    seed: int = 0
+    served_model_name: str | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        self.model = os.fspath(self.model)
+        _check(os.path.isdir(self.model), f"model directory {self.model!r} does not exist; pass a local HF model dir")
+        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
+        _check(self.kernel_backend in KERNEL_BACKENDS,
+               f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")  # fmt: skip
+        _check(self.max_model_len is None or self.max_model_len >= 1,
+               f"max_model_len must be >= 1, got {self.max_model_len}")  # fmt: skip
+        self.tokenizer = os.fspath(self.tokenizer) if self.tokenizer else self.model
+        if self.served_model_name is None:
+            self.served_model_name = os.path.basename(os.path.normpath(self.model))
+
+    @classmethod
+    def from_options(cls, model: str, **options) -> EngineConfig:
+        """Build from flat keyword options; each goes to the (sub-)config that has a field of that name."""
+        sub = {"cache": CacheConfig, "scheduler": SchedulerConfig}
+        own = {f.name for f in dataclasses.fields(cls)} - set(sub)
+        parts: dict[str, dict] = {name: {} for name in sub}
+        top: dict = {}
+        for key, value in options.items():
+            if key in own:
+                top[key] = value
+                continue
+            owner = next((n for n, klass in sub.items() if key in {f.name for f in dataclasses.fields(klass)}), None)
+            if owner is None:
+                raise InvalidRequestError(f"unknown engine option {key!r}; see llm/config.py for the options")
+            parts[owner][key] = value
+        return cls(model=model, **top, **{name: sub[name](**kw) for name, kw in parts.items()})

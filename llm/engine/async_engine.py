@@ -1,0 +1,165 @@
+"""`AsyncEngine`: the engine behind an asyncio server, streaming each request's outputs.
+
+One background thread owns the `LLMEngine` and runs its step loop, so the event
+loop never waits on a forward pass. Coroutines talk to that thread through a
+command queue (add, abort), answered through asyncio futures; step outputs go to
+one asyncio.Queue per request via `call_soon_threadsafe`. Many concurrent
+`generate` calls are batched by the engine's scheduler. Leaving the
+`async for` early (client disconnect, cancellation) aborts the request, which
+frees its KV blocks at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+from llm.config import EngineConfig
+from llm.engine.engine import LLMEngine
+from llm.errors import InvalidRequestError
+from llm.outputs import RequestOutput
+from llm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _settle(fut: asyncio.Future, result, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="vlchat-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(LLMEngine(config))
+
+    @classmethod
+    def from_options(cls, model: str, **options) -> AsyncEngine:
+        return cls.from_config(EngineConfig.from_options(model, **options))
+
+    # -- what the app reads -------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    def num_free_blocks(self) -> int:
+        return self.engine.num_free_blocks()
+
+    # -- requests -----------------------------------------------------------
+
+    async def generate(
+        self, request_id: str, prompt, params: SamplingParams | None = None, mm_options: dict | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream the outputs of one request; each carries the cumulative text and the new delta."""
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        if request_id in self._streams:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, stream)
+        finished = False
+        try:
+            await self._call(self.engine.add_request, request_id, prompt, params, mm_options)
+            while not finished:
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    finished = True
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                await asyncio.shield(self._call(self.engine.abort, request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its KV blocks are free when this returns. Unknown ids are ignored."""
+        await self._call(self._abort, request_id)
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self.engine.close()
+
+    # -- the engine thread --------------------------------------------------
+
+    def _call(self, fn: Callable, *args) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._commands.put((fn, args, loop, fut))
+        self._wake.set()
+        return fut
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, args, loop, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result, error = fn(*args), None
+            except Exception as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                result, error = None, e
+            loop.call_soon_threadsafe(_settle, fut, result, error)
+
+    def _abort(self, request_id: str) -> None:
+        out = self.engine.abort(request_id)
+        if out is not None:
+            self._deliver(request_id, out)  # the stream ends with finish_reason "abort"
+
+    def _deliver(self, request_id: str, item) -> None:
+        entry = self._streams.get(request_id)
+        if entry is not None:
+            loop, stream = entry
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _loop(self) -> None:
+        while True:
+            self._run_commands()
+            if self._closed:
+                return
+            if not self.engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving new ones
+                logger.exception("engine step failed; aborting the running requests")
+                for request_id in list(self.engine.requests):
+                    self.engine.abort(request_id)
+                    self._deliver(request_id, RuntimeError(f"the engine failed while generating: {e}"))
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)

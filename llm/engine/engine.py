@@ -1,0 +1,171 @@
+"""The step loop: requests in, one scheduled forward pass per `step()`, outputs out.
+
+Not thread-safe: `LLM` drives it from one thread, `AsyncEngine` from its
+background thread. Limits are checked when a request is added, never by
+silently truncating: prompt + max_tokens must fit `max_model_len`, and the
+request's longest sequence must fit in the whole KV pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from kernels import settings as kernel_settings
+from llm.config import EngineConfig
+from llm.engine.block_manager import BlockManager
+from llm.engine.model_runner import ModelRunner
+from llm.engine.request import Request
+from llm.engine.scheduler import Scheduler
+from llm.engine.sequence import Sequence
+from llm.errors import InvalidRequestError, PromptTooLongError
+from llm.inputs import normalize_prompt
+from llm.outputs import RequestOutput
+from llm.sampling_params import SamplingParams
+from llm.weights import load_hf_config
+
+logger = logging.getLogger(__name__)
+
+
+def _max_model_len(hf_config, override: int | None) -> int:
+    from llm.rope import max_model_len_from_config
+
+    derived = max_model_len_from_config(hf_config)
+    if override is None:
+        return derived
+    if override > derived:
+        logger.warning("max_model_len=%d exceeds the %d the model's config supports", override, derived)
+    return override
+
+
+def _eos_token_ids(hf_config, tokenizer, model_dir: str) -> list[int]:
+    ids: set[int] = set()
+    for source in (hf_config, _generation_config(model_dir)):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def _generation_config(model_dir: str):
+    try:
+        from transformers import GenerationConfig
+
+        return GenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        kernel_settings.set_backend(config.kernel_backend)
+        self.hf_config = load_hf_config(config.model)
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.processor = None  # multimodal models load their HF processor lazily (see _processor)
+        self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
+        self.eos_token_ids = _eos_token_ids(self.hf_config, self.tokenizer, config.model)
+        sched = config.scheduler
+        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
+            sched.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
+        self.runner = ModelRunner(config, self.hf_config, self.max_model_len, self.eos_token_ids)
+        self.model_cls = type(self.runner.model)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(sched, self.block_manager)
+        self.requests: dict[str, Request] = {}
+        logger.info(
+            "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d",
+            config.served_model_name, self.runner.dtype, self.runner.device, self.runner.num_blocks,
+            config.cache.block_size, self.max_model_len,
+        )  # fmt: skip
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name
+
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    def _processor(self):
+        if self.processor is None and getattr(self.model_cls, "is_multimodal", False):
+            from transformers import AutoProcessor
+
+            self.processor = AutoProcessor.from_pretrained(self.config.model, local_files_only=True)
+        return self.processor
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None) -> None:
+        """Validate and queue a request; raises InvalidRequestError / PromptTooLongError."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        mm_prompt = normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options)
+        prompt_len = len(mm_prompt.token_ids)
+        if params.max_tokens is None:
+            if prompt_len >= self.max_model_len:
+                raise PromptTooLongError(prompt_len, self.max_model_len)
+            max_tokens = self.max_model_len - prompt_len
+        else:
+            max_tokens = params.max_tokens
+            if prompt_len + max_tokens > self.max_model_len:
+                raise PromptTooLongError(prompt_len, self.max_model_len, max_tokens)
+        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
+        if math.ceil((prompt_len + max_tokens) / self.block_manager.block_size) > self.block_manager.num_blocks:
+            raise InvalidRequestError(
+                f"{prompt_len} prompt tokens + {max_tokens} max_tokens can never fit in the KV cache of "
+                f"{pool_tokens} tokens; lower max_tokens, shorten the prompt or give the cache more memory"
+            )
+        bs = self.config.cache.block_size
+        seqs = [Sequence(request_id, mm_prompt, params, bs, index=i, max_tokens=max_tokens) for i in range(params.n)]
+        self.requests[request_id] = Request(request_id, mm_prompt, params, seqs, self.tokenizer)
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its KV blocks now; returns its final output (finish_reason "abort")."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish("abort")
+            self.scheduler.finish(seq)
+        return request.output()
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one forward pass; return an output for every request that got new tokens or finished."""
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            return []
+        samplers = [s for s in seqs if s.samples_this_step]
+        result = self.runner.run(seqs)
+        self.scheduler.update(seqs)
+        eos = set(self.eos_token_ids)
+        touched: dict[str, Request] = {}
+        for seq, token_id, logprobs in zip(samplers, result.token_ids, result.logprobs, strict=True):
+            seq.append_token(token_id, logprobs)
+            request = self.requests[seq.request_id]
+            request.completions[seq.index].add_token(token_id, eos, self.max_model_len)
+            if seq.is_finished:
+                self.scheduler.finish(seq)
+            touched[seq.request_id] = request
+        outputs = []
+        for request_id, request in touched.items():
+            outputs.append(request.output())
+            if request.finished:
+                del self.requests[request_id]
+        return outputs
+
+    def close(self) -> None:
+        self.runner.close()

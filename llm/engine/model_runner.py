@@ -1,0 +1,224 @@
+"""The one place that builds device tensors: loads the model, owns the KV cache, runs steps.
+
+Per step it turns the scheduled sequences into `input_ids`/`positions` plus one
+`AttentionMetadata` (llm/engine/context.py), runs the model, computes logits only
+for the rows that produce a token (the last row of each sequence whose scheduled
+tokens reach its end) and samples. Decode-only steps on CUDA replay a CUDA graph
+captured for the next larger batch size (`enforce_eager` turns this off).
+All batch tensors are built on the host and copied to the model's device here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+
+import torch
+
+from kernels.device import get_device_info
+from llm.config import EngineConfig
+from llm.engine.context import AttentionMetadata, reset_context, use_context
+from llm.engine.cuda_graphs import DecodeGraphs
+from llm.engine.sampler import Sampler, SamplerOutput
+from llm.engine.sequence import Sequence
+from llm.layers.attention import Attention
+from llm.rope import RotaryEmbedding, update_rope_for_length
+from llm.weights import load_model, resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+_MM_EMBED_CACHE = 32  # image embeddings kept by content hash (a prompt's chunks reuse them)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but no CUDA GPU is visible; use device='cpu'")
+    return torch.device(name)
+
+
+def pick_dtype(hf_config, requested: str, device: torch.device) -> torch.dtype:
+    """The config's dtype (float32 on CPU for "auto"); bf16 on a GPU without bf16 falls back to fp16."""
+    if requested == "auto" and device.type == "cpu":
+        return torch.float32
+    dtype = resolve_dtype(hf_config, requested)
+    if device.type == "cuda" and dtype == torch.bfloat16 and not get_device_info().supports_bf16:
+        logger.warning("%s has no bfloat16 support; running the model in float16 instead", get_device_info().arch)
+        dtype = torch.float16
+    return dtype
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, hf_config, max_model_len: int, eos_token_ids: list[int]) -> None:
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(hf_config, config.dtype, self.device)
+        self.block_size = config.cache.block_size
+        self.max_model_len = max_model_len
+        self.model = load_model(config.model, self.dtype, self.device, progress=False)
+        self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.rope_tracks_length = any(
+            isinstance(m, RotaryEmbedding) and m.needs_length_update for m in self.model.modules()
+        )
+        vocab = getattr(hf_config, "vocab_size", None) or hf_config.get_text_config().vocab_size
+        self.sampler = Sampler(eos_token_ids, vocab, self.device, seed=config.seed)
+        self._mm_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        if self.device.type == "cuda":
+            self._warm_up(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs)
+        self.num_blocks = self._num_blocks(config)
+        self._allocate_kv_cache()
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.graphs = DecodeGraphs.capture(
+                self.model, self.device, min(config.scheduler.max_num_seqs, 512),
+                math.ceil(max_model_len / self.block_size), self.uses_mrope,
+            )  # fmt: skip
+
+    # -- memory -------------------------------------------------------------
+
+    def block_bytes(self) -> int:
+        per_token = sum(2 * a.num_kv_heads * a.head_dim for a in self.attn_layers)
+        return per_token * self.block_size * torch.empty(0, dtype=self.dtype).element_size()
+
+    @torch.inference_mode()
+    def _warm_up(self, max_tokens: int, max_seqs: int) -> None:
+        """One forward at the token budget (no cache) so the activation peak is known before sizing KV."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        tokens = min(max_tokens, self.max_model_len)
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(tokens, device=self.device)
+        if self.uses_mrope:
+            positions = positions.expand(3, tokens)
+        hidden = self.model(ids, positions)
+        self.model.compute_logits(hidden[: min(max_seqs, tokens)])
+        torch.cuda.synchronize()
+
+    def _num_blocks(self, config: EngineConfig) -> int:
+        if config.cache.num_blocks is not None:
+            return config.cache.num_blocks
+        if self.device.type == "cuda":
+            activation_peak = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+            torch.cuda.empty_cache()
+            free, _ = torch.cuda.mem_get_info()
+            budget = free * config.cache.cache_fraction - activation_peak
+        else:
+            budget = config.cache.cpu_cache_gb * 1e9
+        num_blocks = int(budget // self.block_bytes())
+        if num_blocks < 1:
+            raise RuntimeError(
+                "no memory is left for the KV cache after loading the model; raise cache_fraction, "
+                "lower max_num_batched_tokens or use a smaller dtype"
+            )
+        return num_blocks
+
+    def _allocate_kv_cache(self) -> None:
+        self.kv_caches = []
+        for attn in self.attn_layers:
+            shape = (self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # zeros: padded graph rows read them
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            attn.kv_cache = (k, v)
+            self.kv_caches.append((k, v))
+
+    # -- one step -----------------------------------------------------------
+
+    def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:
+        if not self.uses_mrope:
+            return list(range(start, end))
+        mrope = seq.prompt.mrope_positions
+        prompt_end = min(end, seq.num_prompt_tokens) if mrope is not None else start
+        head = mrope[:, start:prompt_end].tolist() if prompt_end > start else [[], [], []]
+        tail = [p + seq.prompt.mrope_delta for p in range(max(start, prompt_end), end)]
+        return [h + tail for h in head]
+
+    def _prepare(self, seqs: list[Sequence]):
+        input_ids, slots, seq_lens, context_lens, cu_q, sample_rows = [], [], [], [], [0], []
+        positions: list = [[], [], []] if self.uses_mrope else []
+        bs = self.block_size
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            pos = self._positions(seq, start, end)
+            if self.uses_mrope:
+                for axis in range(3):
+                    positions[axis].extend(pos[axis])
+            else:
+                positions.extend(pos)
+            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+            seq_lens.append(end)
+            context_lens.append(start)
+            cu_q.append(cu_q[-1] + end - start)
+            if seq.samples_this_step:
+                sample_rows.append(cu_q[-1] - 1)
+        width = max(len(s.block_table) for s in seqs)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        dev = self.device
+        max_q = max(s.num_new_tokens for s in seqs)
+        meta = AttentionMetadata(
+            is_prefill=max_q > 1,
+            slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True),
+            block_tables=torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
+            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32).to(dev, non_blocking=True),
+            max_seqlen_q=max_q,
+            max_seqlen_k=max(seq_lens),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32).to(dev, non_blocking=True),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
+        return ids, pos, meta, sample_rows
+
+    def _mm_embeds(self, seqs: list[Sequence], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """inputs_embeds with image rows replaced, or None when no scheduled chunk covers an image."""
+        spans = []  # (row in this batch, image, first image row, count)
+        row = 0
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
+            for item in seq.prompt.images:
+                lo, hi = max(start, item.offset), min(end, item.end)
+                if lo < hi:
+                    spans.append((row + lo - start, item, lo - item.offset, hi - lo))
+            row += end - start
+        if not spans:
+            return None
+        missing = list({item.hash: item for _, item, _, _ in spans if item.hash not in self._mm_cache}.values())
+        if missing:
+            for item, emb in zip(missing, self.model.embed_multimodal([m.data for m in missing]), strict=True):
+                self._mm_cache[item.hash] = emb
+        embeds = self.model.get_input_embeddings(input_ids).clone()  # [tokens, hidden]
+        for dst, item, src, count in spans:
+            self._mm_cache.move_to_end(item.hash)
+            embeds[dst : dst + count] = self._mm_cache[item.hash][src : src + count].to(embeds.dtype)
+        while len(self._mm_cache) > _MM_EMBED_CACHE:
+            self._mm_cache.popitem(last=False)
+        return embeds
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence]) -> SamplerOutput:
+        """Run one step over `seqs` (their num_new_tokens set) and sample for the rows that end a sequence."""
+        input_ids, positions, meta, sample_rows = self._prepare(seqs)
+        if self.rope_tracks_length:  # dynamic NTK / longrope rescale with the longest sequence
+            update_rope_for_length(self.model, meta.max_seqlen_k)
+        embeds = self._mm_embeds(seqs, input_ids) if any(s.prompt.images for s in seqs) else None
+        if self.graphs is not None and not meta.is_prefill and embeds is None and self.graphs.fits(len(seqs)):
+            hidden = self.graphs.replay(input_ids, positions, meta)
+        else:
+            with use_context(meta):
+                hidden = self.model(input_ids, positions, inputs_embeds=embeds) if embeds is not None else (
+                    self.model(input_ids, positions))  # fmt: skip
+        samplers = [s for s in seqs if s.samples_this_step]
+        if not samplers:
+            return SamplerOutput([], [])
+        rows = torch.tensor(sample_rows, device=hidden.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))  # [samplers, vocab] fp32
+        return self.sampler(logits, samplers)
+
+    def close(self) -> None:
+        reset_context()
+        for attn in self.attn_layers:
+            attn.kv_cache = None
+        self.kv_caches = []
+        self.graphs = None

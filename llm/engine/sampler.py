@@ -1,0 +1,138 @@
+"""Next-token selection for a batch of rows, vectorized over the batch.
+
+Order per row: penalties (repetition over prompt + output, presence and frequency
+over the output), min_tokens masking of EOS/stop ids, then either argmax
+(temperature 0) or temperature, top-k, top-p, min-p and a draw. The draw is
+argmax(probs / E) with E ~ Exp(1), which samples from probs; rows with a seed take
+E from their own generator, the others from the engine's. Logprobs are those of
+the model's distribution (log-softmax of the raw logits), sampled token first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llm.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+def _padded(rows: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: list[int], vocab_size: int, device: torch.device, seed: int = 0) -> None:
+        self.eos_token_ids = list(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        # logits: [rows, vocab] fp32, one row per sequence of `seqs`
+        logits = logits[:, : self.vocab_size].float()
+        params = [s.params for s in seqs]
+        want_logprobs = any(p.logprobs is not None for p in params)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        if any(p.uses_penalties for p in params):
+            logits = self._apply_penalties(logits.clone(), seqs)
+        logits = self._mask_early_stops(logits, seqs)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        tokens = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            tokens = torch.where(greedy, tokens, self._draw(logits, seqs))
+        token_list = tokens.tolist()
+        return SamplerOutput(token_list, self._logprobs(raw_logprobs, tokens, token_list, params))
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        rows, vocab = logits.shape
+        dev = logits.device
+        out_ids = _padded([s.output_token_ids for s in seqs], vocab, dev)  # [rows, max_out], pad = vocab
+        ones = torch.ones_like(out_ids, dtype=torch.float)
+        counts = torch.zeros(rows, vocab + 1, device=dev).scatter_add_(1, out_ids, ones)[:, :vocab]  # [rows, vocab]
+        prompt_ids = _padded([s.token_ids[: s.num_prompt_tokens] for s in seqs], vocab, dev)
+        seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=dev).scatter_(1, prompt_ids, True)[:, :vocab]
+        seen |= counts > 0
+        rep = torch.tensor([s.params.repetition_penalty for s in seqs], device=dev).unsqueeze(1)
+        pres = torch.tensor([s.params.presence_penalty for s in seqs], device=dev).unsqueeze(1)
+        freq = torch.tensor([s.params.frequency_penalty for s in seqs], device=dev).unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalized, logits)
+        return logits - freq * counts - pres * (counts > 0).float()
+
+    def _mask_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        early = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        if not early:
+            return logits
+        logits = logits.clone()
+        for i in early:
+            stops = set(seqs[i].params.stop_token_ids)
+            if not seqs[i].params.ignore_eos:
+                stops.update(self.eos_token_ids)
+            ids = [t for t in stops if t < logits.shape[1]]
+            if ids:
+                logits[i, ids] = float("-inf")
+        return logits
+
+    def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        rows, vocab = logits.shape
+        dev = logits.device
+        params = [s.params for s in seqs]
+        temp = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
+        logits = logits / temp.unsqueeze(1)
+        top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+        top_p = [p.top_p for p in params]
+        if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+            logits = self._top_k_top_p(logits, top_k, top_p)
+        probs = torch.softmax(logits, dim=-1)  # [rows, vocab]
+        min_p = torch.tensor([p.min_p for p in params], device=dev)
+        if bool((min_p > 0).any()):
+            probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.params.seed is not None:
+                if seq.generator is None or seq.generator.device != dev:
+                    seq.generator = torch.Generator(device=dev).manual_seed(seq.params.seed + seq.index)
+                noise[i].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+        rows, vocab = logits.shape
+        dev = logits.device
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # [rows, vocab]
+        ranks = torch.arange(vocab, device=dev).unsqueeze(0)
+        sorted_logits = sorted_logits.masked_fill(ranks >= torch.tensor(top_k, device=dev).unsqueeze(1), float("-inf"))
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass ranked above each token
+        drop = before >= torch.tensor(top_p, device=dev).unsqueeze(1)
+        drop[:, 0] = False  # the most likely token always stays
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor | None, tokens: torch.Tensor, token_list: list[int], params) -> list:
+        if raw is None:
+            return [None] * len(params)
+        top_n = max(p.logprobs or 0 for p in params)
+        chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        top_vals, top_ids = raw.topk(top_n, dim=-1)  # [rows, top_n]
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        out: list[dict[int, float] | None] = []
+        for i, p in enumerate(params):
+            if p.logprobs is None:
+                out.append(None)
+                continue
+            entry = {token_list[i]: chosen[i]}
+            for tid, val in zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs], strict=True):
+                entry.setdefault(tid, val)
+            out.append(entry)
+        return out

@@ -1,0 +1,105 @@
+"""Continuous batching policy: which sequences run this step, and how many tokens each brings.
+
+Plain Python, no tensors. Each step has a token budget (`max_num_batched_tokens`):
+1. running sequences first, oldest first: a decoding sequence brings 1 token, a
+   sequence in the middle of a chunked prefill brings the rest of its prompt up to
+   what is left of the budget. When the KV pool has no block for a sequence, the
+   newest running sequence is preempted (blocks freed, recomputed later from its
+   tokens; greedy output does not change), until the sequence fits or is itself
+   the one preempted;
+2. then waiting sequences (preempted ones first, then arrivals in order), while the
+   budget, `max_num_seqs` and free blocks allow; a cached prefix is reused and the
+   rest of the prompt is chunked into what is left of the budget.
+Prefill chunks and decodes share one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from llm.config import SchedulerConfig
+from llm.engine.block_manager import BlockManager
+from llm.engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> list[Sequence]:
+        """Pick this step's sequences and set their `num_new_tokens` (and blocks)."""
+        budget = self.max_num_batched_tokens
+        scheduled: list[Sequence] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(len(seq) - seq.num_computed_tokens, budget)
+            target = seq.num_computed_tokens + num_new
+            while not self.block_manager.can_allocate(seq, target):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break
+            self.block_manager.allocate(seq, target)
+            seq.num_new_tokens = num_new
+            scheduled.append(seq)
+            budget -= num_new
+            i += 1
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            prefix = self.block_manager.match_prefix(seq)
+            num_computed = len(prefix) * self.block_manager.block_size
+            remaining = len(seq) - num_computed
+            if remaining > budget and not self.chunked_prefill:
+                break
+            num_new = min(remaining, budget)
+            if not self.block_manager.can_allocate(seq, num_computed + num_new, prefix):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq, num_computed + num_new, prefix)
+            if seq.num_output_tokens == 0:
+                seq.num_cached_prompt_tokens = num_computed
+            seq.status = SequenceStatus.RUNNING
+            seq.num_new_tokens = num_new
+            self.running.append(seq)
+            scheduled.append(seq)
+            budget -= num_new
+        return scheduled
+
+    def update(self, scheduled: list[Sequence]) -> None:
+        """After the forward pass: the scheduled tokens' K/V is in the cache."""
+        for seq in scheduled:
+            seq.num_computed_tokens += seq.num_new_tokens
+            seq.num_new_tokens = 0
+            self.block_manager.cache_full_blocks(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1

@@ -1,0 +1,115 @@
+"""One sequence being generated: its tokens, KV blocks, progress and sampling state.
+
+A request with n completions owns n sequences (`index` 0..n-1); they share the
+prompt's KV blocks through the prefix cache. Plain Python, no device tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import itertools
+import struct
+
+import torch
+
+from llm.inputs import MultiModalPrompt
+from llm.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    _ids = itertools.count()
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: MultiModalPrompt,
+        params: SamplingParams,
+        block_size: int,
+        index: int = 0,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.seq_id = next(Sequence._ids)
+        self.request_id = request_id
+        self.index = index
+        self.prompt = prompt
+        self.params = params
+        self.block_size = block_size
+        self.max_tokens = max_tokens if max_tokens is not None else params.max_tokens
+        self.token_ids: list[int] = list(prompt.token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose K/V is in the cache
+        self.num_cached_prompt_tokens = 0  # of those, how many came from the prefix cache
+        self.num_new_tokens = 0  # tokens scheduled this step
+        self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.logprobs: list[dict[int, float]] = []
+        self.generator: torch.Generator | None = None  # the sampler creates it for seeded requests
+        self._block_hashes: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_blocks_needed(self) -> int:
+        """Blocks that hold the K/V of every token after this step's tokens are computed."""
+        return -(-(self.num_computed_tokens + self.num_new_tokens) // self.block_size)
+
+    @property
+    def samples_this_step(self) -> bool:
+        """The scheduled tokens reach the end of the sequence, so its last row yields a new token."""
+        return self.num_computed_tokens + self.num_new_tokens == len(self.token_ids)
+
+    def append_token(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
+        self.token_ids.append(token_id)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+
+    def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+    def block_hash(self, i: int) -> bytes:
+        """Chained content hash of full block i: previous block's hash, its token ids, its images."""
+        while len(self._block_hashes) <= i:
+            j = len(self._block_hashes)
+            lo, hi = j * self.block_size, (j + 1) * self.block_size
+            assert hi <= len(self.token_ids), "only full blocks have a hash"
+            h = hashlib.blake2b(self._block_hashes[-1] if j else b"", digest_size=16)
+            h.update(struct.pack(f"<{self.block_size}q", *self.token_ids[lo:hi]))
+            for item in self.prompt.images:
+                if item.offset < hi and item.end > lo:
+                    h.update(item.hash.encode())
+                    h.update(struct.pack("<q", item.offset))
+            self._block_hashes.append(h.digest())
+        return self._block_hashes[i]
+
+    def reset_for_recompute(self) -> None:
+        """After preemption: drop the KV state; the tokens (prompt + output so far) are recomputed later."""
+        self.status = SequenceStatus.WAITING
+        self.block_table = []
+        self.num_computed_tokens = 0
+        self.num_new_tokens = 0
+        self.num_hashed_blocks = 0

@@ -1,0 +1,115 @@
+"""Prompt normalisation: every accepted prompt form becomes one `MultiModalPrompt`.
+
+Accepted prompts: a string (tokenized with the model's tokenizer, BOS as the
+tokenizer adds it), a list of token ids, an OpenAI-style message list (chat
+template applied; for multimodal models the model's own `process_prompt` runs
+the HF processor), or a ready `MultiModalPrompt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llm.errors import InvalidRequestError
+
+
+@dataclass(slots=True)
+class ImageItem:
+    """One image of a prompt.
+
+    Args:
+        hash: content hash of the pixels (mixed into prefix-cache block hashes).
+        data: the processor outputs for this one image (pixel values, grid sizes...).
+        offset: index in the prompt's token ids of its first placeholder token.
+        length: number of placeholder tokens (= rows of its embedding).
+    """
+
+    hash: str
+    data: dict[str, torch.Tensor]
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(slots=True)
+class MultiModalPrompt:
+    """Token ids plus, for multimodal models, the images whose placeholders they contain.
+
+    `mrope_positions`: [3, len(token_ids)] int64 for M-RoPE models, else None;
+    `mrope_delta`: added to the sequence position for tokens after the prompt.
+    """
+
+    token_ids: list[int]
+    images: list[ImageItem] = field(default_factory=list)
+    mrope_positions: torch.Tensor | None = None
+    mrope_delta: int = 0
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise InvalidRequestError("the prompt is empty; send at least one token or character")
+        for item in self.images:
+            if item.offset < 0 or item.end > len(self.token_ids):
+                raise InvalidRequestError(
+                    f"image placeholder span [{item.offset}, {item.end}) lies outside the prompt "
+                    f"of {len(self.token_ids)} tokens"
+                )
+        if self.mrope_positions is not None and tuple(self.mrope_positions.shape) != (3, len(self.token_ids)):
+            raise InvalidRequestError(
+                f"mrope_positions must have shape (3, {len(self.token_ids)}), got {tuple(self.mrope_positions.shape)}"
+            )
+
+
+def _has_images(messages: list[Mapping]) -> bool:
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            if any(isinstance(p, Mapping) and p.get("type") not in ("text", None) for p in content):
+                return True
+    return False
+
+
+def _chat_token_ids(tokenizer, messages: list[Mapping]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model's tokenizer has no chat template; send a plain text prompt instead")
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def normalize_prompt(
+    prompt: Any,
+    tokenizer,
+    model_cls: type | None = None,
+    processor=None,
+    mm_options: Mapping | None = None,
+) -> MultiModalPrompt:
+    """Turn `prompt` (str | list[int] | list[message dict] | MultiModalPrompt) into a `MultiModalPrompt`."""
+    if isinstance(prompt, MultiModalPrompt):
+        return prompt
+    if isinstance(prompt, str):
+        return MultiModalPrompt(token_ids=list(tokenizer.encode(prompt)), text=prompt)
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+        vocab = len(tokenizer) if tokenizer is not None else None
+        if vocab is not None and any(t < 0 or t >= vocab for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {vocab}); got {min(prompt)}..{max(prompt)}")
+        return MultiModalPrompt(token_ids=list(prompt))
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        for message in prompt:
+            if "role" not in message or "content" not in message:
+                raise InvalidRequestError("every chat message needs a 'role' and a 'content'")
+        if getattr(model_cls, "is_multimodal", False):
+            return model_cls.process_prompt(processor, list(prompt), dict(mm_options or {}))
+        if _has_images(prompt):
+            raise InvalidRequestError("this model reads text only; remove the image parts or serve a vision model")
+        return MultiModalPrompt(token_ids=_chat_token_ids(tokenizer, prompt))
+    raise InvalidRequestError(
+        "a prompt must be a string, a non-empty list of token ids, or a non-empty list of chat messages; "
+        f"got {type(prompt).__name__}"
+    )

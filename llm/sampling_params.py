@@ -1,0 +1,89 @@
+"""Per-request sampling parameters, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llm.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    Args:
+        n: completions per prompt.
+        temperature: 0 is greedy; otherwise logits are divided by it.
+        top_k: keep the k most likely tokens (-1 or 0: all).
+        top_p: keep the smallest set of tokens whose probability reaches top_p.
+        min_p: drop tokens whose probability is below min_p times the most likely one's.
+        repetition_penalty: > 1 discourages tokens seen in the prompt or output (1: off).
+        presence_penalty: subtracted from the logit of every token already generated.
+        frequency_penalty: subtracted once per occurrence of a token already generated.
+        seed: makes sampling reproducible for this request (completion i uses seed + i).
+        max_tokens: tokens to generate at most; None: up to the context length.
+        min_tokens: EOS and stop token ids are masked until this many tokens exist.
+        stop: strings that end the completion (not included in the text).
+        stop_token_ids: token ids that end the completion (in addition to EOS).
+        ignore_eos: keep generating after EOS.
+        logprobs: return the log-probability of each sampled token and of the top `logprobs`
+            alternatives (0: only the sampled token's); None: no logprobs.
+        skip_special_tokens: leave special tokens out of the text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == 0:
+            self.top_k = -1
+        checks = [
+            (self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens,
+             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
+            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "stop_token_ids must be non-negative integers"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequestError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
