@@ -13,6 +13,8 @@ from timm.layers import Mlp, QuickGELU
 from torch import nn
 
 from kernels.attention import varlen_attention
+from llm.layers.activation import get_act_and_mul
+from llm.layers.linear import MergedLinear, QKVLinear
 
 ACTIVATIONS = {
     "quick_gelu": QuickGELU,
@@ -50,17 +52,16 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)) with HF's names gate_proj/up_proj/down_proj."""
+    """down(act(gate(x)) * up(x)) with gate and up fused into one `gate_up_proj` GEMM."""
 
     def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.gate_up_proj = MergedLinear(dim, [hidden, hidden], bias=bias)
+        self.act = get_act_and_mul(act)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
-        self.act = activation(act)()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -71,8 +72,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class VisionAttention(nn.Module):
     """Bidirectional multi-head attention within each segment of cu_seqlens (one image or window).
 
-    q, k and v come from one packed `qkv` linear; `rotary` (cos, sin: [tokens, head_dim], fp32)
-    rotates q and k in fp32 like the HF Qwen towers; `qk_norm` is InternViT-6B's RMSNorm over
+    q, k and v come from one fused `qkv_proj` linear (pieces "q", "k", "v"), the output
+    projection is `proj`; `rotary` (cos, sin: [tokens, head_dim], fp32) rotates q and k
+    in fp32 like the HF Qwen towers; `qk_norm` is InternViT-6B's RMSNorm over
     the whole q and k vectors.
     """
 
@@ -83,7 +85,7 @@ class VisionAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.qkv_proj = QKVLinear(dim, self.head_dim, num_heads, num_heads, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.q_norm = RMSNorm(dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(dim, eps) if qk_norm else None
@@ -96,7 +98,7 @@ class VisionAttention(nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each [tokens, dim]
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # each [tokens, dim]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(tokens, self.num_heads, self.head_dim)

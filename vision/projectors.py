@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from vision.layers import activation
-from vision.weights import Rule, load_into
+from vision.weights import load_named
 
 
 class MultiModalProjector(nn.Module):
@@ -27,4 +27,4 @@ class MultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_into(self, weights, [Rule(r"(layer_norm|linear_[12])\.(weight|bias)", r"\1.\2")], "the projector")
+        load_named(self, weights, [], "the projector")

@@ -1,84 +1,78 @@
-"""Declarative weight loading for the vision towers and projectors.
+"""Weight names of the vision models, in the engine's declarative rules (llm/weights.py).
 
-A tower lists `Rule`s mapping Hugging Face parameter names (relative to the
-tower) to ours; a rule may load one shard of a packed parameter (q, k, v into
-one `qkv` matrix). `load_into` applies the rules and reports every missing or
-unexpected tensor at once.
+Our vision modules keep the HF module names wherever the computation is the same,
+so a tower needs rules only where we fuse (q/k/v into `qkv_proj`, gate/up into
+`gate_up_proj`) or rename. `load_named` applies rules to an iterable of tensors with
+the engine's semantics (every matching rule rewrites in turn, fused pieces through
+each parameter's `weight_loader`), for towers loaded outside a whole checkpoint.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from llm.errors import WeightMismatchError
+from llm.layers.linear import copy_weight, default_weight_loader
+from llm.weights import ALL_SHARDS, WeightRule, map_name
+
+# Separate q/k/v and gate/up checkpoint tensors -> pieces of our fused linears.
+FUSED_RULES = [
+    WeightRule(r"\.q_proj\.", ".qkv_proj.", shard="q"),
+    WeightRule(r"\.k_proj\.", ".qkv_proj.", shard="k"),
+    WeightRule(r"\.v_proj\.", ".qkv_proj.", shard="v"),
+    WeightRule(r"\.gate_proj\.", ".gate_up_proj.", shard=0),
+    WeightRule(r"\.up_proj\.", ".gate_up_proj.", shard=1),
+]
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """`pattern` (a regex, matched in full against the HF name) -> `target` (a `re.sub` template).
-
-    `shard`/`num_shards`: the tensor is slice `shard` of `num_shards` equal parts of the target along dim 0.
-    An empty target drops the tensor on purpose (weights of layers the model never runs).
-    """
-
-    pattern: str
-    target: str
-    shard: int | None = None
-    num_shards: int = 1
-    regex: re.Pattern = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "regex", re.compile(self.pattern))
-        if self.shard is not None and not 0 <= self.shard < self.num_shards:
-            raise ValueError(f"shard {self.shard} out of range for {self.num_shards} shards")
+def whole(param: nn.Parameter, tensor: torch.Tensor) -> None:
+    """Loader for a checkpoint tensor that already holds every piece of a fused parameter."""
+    copy_weight(param, tensor)
 
 
-def packed_rules(pattern: str, names: tuple[str, ...], target: str) -> list[Rule]:
-    """Rules loading `pattern.format(name)` for each name as consecutive shards of `target`."""
-    return [Rule(pattern.format(name), target, i, len(names)) for i, name in enumerate(names)]
+def packed_rule(pattern: str, replacement: str) -> WeightRule:
+    return WeightRule(pattern, replacement, shard=ALL_SHARDS, loader=whole)
 
 
-def load_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], rules: list[Rule], where: str) -> None:
-    """Copy `weights` (HF names) into `module`'s parameters and buffers through `rules`.
+def drop_layers_rule(prefix: str, first_unused: int, total: int) -> list[WeightRule]:
+    """Drop `prefix.{i}.*` for the layers a model never runs (i >= first_unused)."""
+    if first_unused >= total:
+        return []
+    unused = "|".join(str(i) for i in range(first_unused, total))
+    return [WeightRule(rf"{prefix}\.(?:{unused})\.", None)]
 
-    Raises WeightMismatchError naming every parameter left unloaded, every tensor no rule
-    maps, and every shape that does not fit.
-    """
+
+def load_named(
+    module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], rules: list[WeightRule], where: str
+) -> None:
+    """Fill every parameter of `module` from `weights` mapped through `rules`, or raise WeightMismatchError."""
     params = dict(module.named_parameters())
-    params.update(dict(module.named_buffers()))
-    loaded: dict[str, int] = {}
-    expected: dict[str, int] = {}
-    unexpected: list[str] = []
-    mismatched: list[str] = []
-    for name, tensor in weights:
-        target, rule = _resolve(name, rules)
-        if target == "":
-            continue
-        if target is None or target not in params:
-            unexpected.append(name)
-            continue
-        dest = params[target].data
-        if rule.shard is not None:
-            size = dest.shape[0] // rule.num_shards
-            dest = dest[rule.shard * size : (rule.shard + 1) * size]
-        if tuple(dest.shape) != tuple(tensor.shape):
-            mismatched.append(f"{name}: checkpoint {tuple(tensor.shape)} vs model {tuple(dest.shape)}")
-            continue
-        dest.copy_(tensor.to(dest.dtype))
-        loaded[target] = loaded.get(target, 0) + 1
-        expected[target] = rule.num_shards
-    missing = [n for n, _ in module.named_parameters() if loaded.get(n, 0) < expected.get(n, 1)]
+    expected = {(n, s) for n, p in params.items() for s in getattr(p, "shards", (None,))}
+    loaded: set[tuple[str, object]] = set()
+    unexpected, mismatched = [], []
+    with torch.no_grad():
+        for name, tensor in weights:
+            mapped = map_name(name, rules)
+            if mapped is None:
+                continue
+            target, shard, loader = mapped
+            if target not in params:
+                unexpected.append(name)
+                continue
+            param = params[target]
+            try:
+                if loader is not None:
+                    loader(param, tensor)
+                else:
+                    getattr(param, "weight_loader", default_weight_loader)(param, tensor, shard)
+            except ValueError as e:
+                mismatched.append(f"{name} -> {target}: {e}")
+                continue
+            pieces = getattr(param, "shards", (None,)) if shard in (None, ALL_SHARDS) else (shard,)
+            loaded.update((target, s) for s in pieces)
+    missing = [n if s is None else f"{n} (piece {s!r})" for n, s in sorted(expected - loaded, key=str)]
     if missing or unexpected or mismatched:
         raise WeightMismatchError(missing, unexpected, mismatched, where=where)
-
-
-def _resolve(name: str, rules: list[Rule]) -> tuple[str | None, Rule | None]:
-    for rule in rules:
-        if rule.regex.fullmatch(name):
-            return rule.regex.sub(rule.target, name), rule
-    return None, None

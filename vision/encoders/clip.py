@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from llm.weights import WeightRule
 from vision.layers import VisionAttention, mlp, uniform_cu_seqlens
-from vision.weights import Rule, load_into, packed_rules
+from vision.weights import FUSED_RULES, drop_layers_rule, load_named
 
 _KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
 
@@ -70,6 +71,29 @@ class ClipEncoderLayer(nn.Module):
         return x + self.mlp(self.layer_norm2(x))
 
 
+class ClipEmbeddings(nn.Module):
+    def __init__(self, cfg: ClipVisionConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.patch_embedding = nn.Conv2d(cfg.num_channels, d, cfg.patch_size, cfg.patch_size, bias=cfg.kind == "siglip")
+        self.class_embedding = nn.Parameter(torch.zeros(d)) if cfg.kind == "clip" else None
+        self.position_embedding = nn.Embedding(cfg.seq_len, d)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        # pixel_values: [images, C, H, W] -> [images, seq, d]
+        weight = self.patch_embedding.weight
+        x = self.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)  # [n, patches, d]
+        if self.class_embedding is not None:
+            x = torch.cat([self.class_embedding.expand(x.shape[0], 1, -1), x], dim=1)
+        return x + self.position_embedding.weight
+
+
+class ClipEncoder(nn.Module):
+    def __init__(self, cfg: ClipVisionConfig, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ClipEncoderLayer(cfg) for _ in range(depth))
+
+
 class ClipVisionTower(nn.Module):
     """Returns the hidden states the VLM asks for, in HF's `hidden_states` numbering.
 
@@ -84,56 +108,34 @@ class ClipVisionTower(nn.Module):
         self.feature_layers = [f if f >= 0 else cfg.num_layers + 1 + f for f in feature_layers]
         if not all(0 <= f <= cfg.num_layers for f in self.feature_layers):
             raise ValueError(f"vision_feature_layer {feature_layers} out of range for {cfg.num_layers} layers")
-        d = cfg.hidden_size
-        self.patch_embedding = nn.Conv2d(cfg.num_channels, d, cfg.patch_size, cfg.patch_size, bias=cfg.kind == "siglip")
-        self.class_embedding = nn.Parameter(torch.zeros(d)) if cfg.kind == "clip" else None
-        self.position_embedding = nn.Embedding(cfg.seq_len, d)
-        self.pre_layrnorm = nn.LayerNorm(d, eps=cfg.eps) if cfg.kind == "clip" else None
-        self.layers = nn.ModuleList(ClipEncoderLayer(cfg) for _ in range(max(self.feature_layers)))
+        self.embeddings = ClipEmbeddings(cfg)
+        self.pre_layrnorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.eps) if cfg.kind == "clip" else None
+        self.encoder = ClipEncoder(cfg, max(self.feature_layers))
 
     def forward(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
         """pixel_values: [images, channels, H, W] -> one [images, seq, hidden] per feature layer."""
-        n = pixel_values.shape[0]
-        weight = self.patch_embedding.weight
-        x = self.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)  # [n, patches, d]
-        if self.class_embedding is not None:
-            x = torch.cat([self.class_embedding.expand(n, 1, -1), x], dim=1)
-        x = x + self.position_embedding.weight
+        x = self.embeddings(pixel_values)
         if self.pre_layrnorm is not None:
             x = self.pre_layrnorm(x)
-        seq, d = x.shape[1], x.shape[2]
+        n, seq, d = x.shape
         cu_seqlens = uniform_cu_seqlens(n, seq, x.device)
         x = x.reshape(n * seq, d)  # [tokens, d]
         hidden = {0: x}
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.encoder.layers):
             x = layer(x, cu_seqlens, seq)
             hidden[i + 1] = x
         return [hidden[f].view(n, seq, d) for f in self.feature_layers]
 
+    def weight_rules(self) -> list[WeightRule]:
+        """Rules for HF tower names (with or without `vision_model.`), also under a VLM's prefix."""
+        return [
+            WeightRule(r"vision_model\.", ""),
+            WeightRule(r"(^|\.)(post_layernorm|head)\.", None),  # pooling parts the VLMs never read
+            WeightRule(r"embeddings\.position_ids$", None),
+            *drop_layers_rule(r"encoder\.layers", len(self.encoder.layers), self.cfg.num_layers),
+            WeightRule(r"\.self_attn\.out_proj\.", ".self_attn.proj."),
+            *FUSED_RULES,
+        ]
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF tower weights (with or without the `vision_model.` prefix)."""
-        kept = ((_strip(name), t) for name, t in weights)
-        load_into(self, ((n, t) for n, t in kept if _wanted(n, len(self.layers))), _RULES, "the vision tower")
-
-
-def _strip(name: str) -> str:
-    return name.removeprefix("vision_model.")
-
-
-def _wanted(name: str, num_layers: int) -> bool:
-    if name.startswith(("post_layernorm.", "head.")):
-        return False  # pooling parts the VLMs never read
-    if name.startswith("encoder.layers."):
-        return int(name.split(".")[2]) < num_layers
-    return True
-
-
-_L = r"encoder\.layers\.(\d+)\."
-_RULES = [
-    Rule(r"embeddings\.(patch_embedding\.\w+|class_embedding|position_embedding\.weight)", r"\1"),
-    Rule(r"embeddings\.position_ids", ""),
-    *packed_rules(_L + r"self_attn\.{}_proj\.(weight|bias)", ("q", "k", "v"), r"layers.\1.self_attn.qkv.\2"),
-    Rule(_L + r"self_attn\.out_proj\.(weight|bias)", r"layers.\1.self_attn.proj.\2"),
-    Rule(_L + r"(layer_norm[12]|mlp\.fc[12])\.(weight|bias)", r"layers.\1.\2.\3"),
-    Rule(r"pre_layrnorm\.(weight|bias)", r"pre_layrnorm.\1"),
-]
+        load_named(self, weights, self.weight_rules(), "the vision tower")

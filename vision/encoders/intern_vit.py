@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from llm.weights import WeightRule
 from vision.layers import RMSNorm, VisionAttention, mlp, uniform_cu_seqlens
-from vision.weights import Rule, load_into, packed_rules
+from vision.weights import FUSED_RULES, drop_layers_rule, load_named
 
 
 def _pair(v) -> int:
@@ -89,7 +90,8 @@ class InternViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.projection = nn.Conv2d(cfg.num_channels, d, cfg.patch_size, cfg.patch_size)
         self.position_embeddings = nn.Parameter(torch.zeros(1, cfg.seq_len, d))
-        self.layers = nn.ModuleList(InternViTLayer(cfg) for _ in range(depth))
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleList(InternViTLayer(cfg) for _ in range(depth))
         self.layernorm = nn.LayerNorm(d, eps=cfg.eps) if self.use_final_norm else None
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -101,21 +103,27 @@ class InternViT(nn.Module):
         seq, d = x.shape[1], x.shape[2]
         cu_seqlens = uniform_cu_seqlens(n, seq, x.device)
         x = x.reshape(n * seq, d)
-        for layer in self.layers:
+        for layer in self.encoder.layer:
             x = layer(x, cu_seqlens, seq)
         if self.layernorm is not None:
             x = self.layernorm(x)
         return x.view(n, seq, d)
 
+    def weight_rules(self) -> list[WeightRule]:
+        """Rules for the HF `vision_tower.*` names, also under a VLM's prefix."""
+        rules = [
+            WeightRule(r"embeddings\.patch_embeddings\.projection\.", "projection."),
+            WeightRule(r"embeddings\.(cls_token|position_embeddings)$", r"\1"),
+            *drop_layers_rule(r"encoder\.layer", len(self.encoder.layer), self.cfg.num_layers),
+            WeightRule(r"\.attention\.projection_layer\.", ".attention.proj."),
+            *FUSED_RULES,
+        ]
+        if self.layernorm is None:
+            rules.insert(0, WeightRule(r"(^|\.)layernorm\.(weight|bias)$", None))
+        return rules
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        depth = len(self.layers)
-
-        def wanted(name: str) -> bool:
-            if name.startswith("encoder.layer."):
-                return int(name.split(".")[2]) < depth
-            return not (name.startswith("layernorm.") and self.layernorm is None)
-
-        load_into(self, ((n, t) for n, t in weights if wanted(n)), _RULES, "the InternViT tower")
+        load_named(self, weights, self.weight_rules(), "the InternViT tower")
 
 
 def pixel_shuffle(features: torch.Tensor, scale: float) -> torch.Tensor:
@@ -124,17 +132,3 @@ def pixel_shuffle(features: torch.Tensor, scale: float) -> torch.Tensor:
     x = features.view(n, w, int(h * scale), int(c / scale)).permute(0, 2, 1, 3).contiguous()
     x = x.view(n, int(h * scale), int(w * scale), int(c / scale**2))
     return x.permute(0, 2, 1, 3).contiguous()
-
-
-_L = r"encoder\.layer\.(\d+)\."
-_RULES = [
-    Rule(r"embeddings\.cls_token", "cls_token"),
-    Rule(r"embeddings\.position_embeddings", "position_embeddings"),
-    Rule(r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"projection.\1"),
-    *packed_rules(_L + r"attention\.{}_proj\.(weight|bias)", ("q", "k", "v"), r"layers.\1.attention.qkv.\2"),
-    Rule(_L + r"attention\.projection_layer\.(weight|bias)", r"layers.\1.attention.proj.\2"),
-    Rule(_L + r"attention\.([qk]_norm\.weight)", r"layers.\1.attention.\2"),
-    Rule(_L + r"(layernorm_before|layernorm_after|mlp\.fc[12])\.(weight|bias)", r"layers.\1.\2.\3"),
-    Rule(_L + r"(lambda_[12])", r"layers.\1.\2"),
-    Rule(r"layernorm\.(weight|bias)", r"layernorm.\1"),
-]

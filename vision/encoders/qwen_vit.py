@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llm.weights import WeightRule
 from vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
-from vision.weights import Rule, load_into
+from vision.weights import FUSED_RULES, load_named, packed_rule
 
 from .qwen_windows import full_cu_seqlens, rotary_positions, window_index
 
@@ -152,9 +153,9 @@ class QwenVisionTransformer(nn.Module):
             merged = merged[torch.argsort(order)]
         return merged
 
+    def weight_rules(self) -> list[WeightRule]:
+        """Rules for the HF `visual.*` names (the checkpoint packs q/k/v already)."""
+        return [packed_rule(r"\.attn\.qkv\.", ".attn.qkv_proj."), *FUSED_RULES]
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the HF `visual.*` weights (names relative to the tower)."""
-        load_into(self, weights, _RULES, "the Qwen vision tower")
-
-
-_RULES = [Rule(r"(patch_embed\.proj\.weight|blocks\.\d+\..*|merger\.(ln_q|mlp\.[02])\.(weight|bias))", r"\1")]
+        load_named(self, weights, self.weight_rules(), "the Qwen vision tower")
