@@ -6,15 +6,75 @@ import argparse
 import sys
 
 from app import __version__
+from app.errors import AppError, is_user_error
+from app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
+
+ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager")
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="a Hugging Face model directory or Hub id (default: the demo model in assets/)")
+    p.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), help="weights dtype (default: auto)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), help="where the model runs (default: auto)")
+    p.add_argument("--max-model-len", type=int, help="context length limit in tokens")
+    p.add_argument("--max-num-seqs", type=int, help="sequences batched at once")
+    p.add_argument("--num-blocks", type=int, help="KV cache blocks (default: sized from free memory)")
+    p.add_argument("--kernel-backend", choices=("auto", "triton", "torch"), help="attention kernels (default: auto)")
+    p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlchat", description="Vision-language chat on your own GPU or CPU.")
     parser.add_argument("--version", action="version", version=f"vlchat {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("serve", help="serve the browser UI at / and the OpenAI-compatible API at /v1")
-    sub.add_parser("chat", help="chat in the terminal")
+
+    serve = sub.add_parser("serve", help="serve the browser UI at / and the OpenAI-compatible API at /v1")
+    _add_engine_options(serve)
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default: {DEFAULT_HOST}, this machine)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
+    serve.add_argument("--share", action="store_true", help="ask Gradio for a public link (needs internet access)")
+    serve.add_argument("--auth", metavar="USER:PASS", help="password-protect the browser UI (env VLCHAT_AUTH)")
+    serve.add_argument(
+        "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 (or env VLCHAT_API_KEY)"
+    )
+    serve.add_argument("--served-model-name", help="the model name the API reports")
+    serve.add_argument("--allow-remote-images", action="store_true", help="let requests name http(s) image URLs")
+    serve.add_argument("--allowed-local-media-path", metavar="DIR", help="let requests name image files inside DIR")
+    serve.add_argument("--max-images", type=int, default=8, help="images per request at most (default: 8)")
+
+    chat = sub.add_parser("chat", help="chat in the terminal (/image PATH, /reset, /exit)")
+    _add_engine_options(chat)
+    chat.add_argument("--system", help="a system prompt")
+    chat.add_argument("--max-tokens", type=int, default=512, help="tokens per answer at most (default: 512)")
+    chat.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7; 0: greedy)")
+    chat.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default: 0.95)")
+    chat.add_argument("--seed", type=int, help="seed for reproducible answers")
     return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name, None) is not None}
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    env = read_env()
+    media = MediaLimits(
+        allow_remote=args.allow_remote_images,
+        allowed_local_dir=args.allowed_local_media_path,
+        max_images_per_request=args.max_images,
+    )
+    return ServerConfig(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        share=args.share,
+        auth=parse_auth(args.auth or env["auth"]),
+        api_key=args.api_key or env["api_key"],
+        served_model_name=args.served_model_name,
+        media=media,
+        analytics_enabled=(env["gradio_analytics"] or "").lower() in ("1", "true"),
+        engine_options=engine_options(args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    print(f"vlchat {args.command}: not available yet", file=sys.stderr)
-    return 2
+    try:
+        if args.command == "serve":
+            from app.server import serve
+
+            return serve(server_config(args))
+        from app.chat import chat_main
+
+        sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
+        sampling["seed"] = args.seed
+        return chat_main(args.model, engine_options(args), sampling, args.system)
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        kind = "option" if isinstance(exc, AppError) else type(exc).__name__
+        print(f"vlchat {args.command}: {kind} error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,168 @@
+"""POST /v1/chat/completions: request -> engine prompt and sampling params -> JSON body or SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from app.api.errors import error_body
+from app.api.protocol import ChatCompletionRequest, ImagePart
+from app.errors import AppError, ModelNotFoundError, is_user_error, user_error_status
+from app.generation import engine_message, new_request_id, sampling_params, stream_outputs
+from app.media import load_image
+from app.settings import ServerConfig
+
+log = logging.getLogger("vlchat.api")
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    request_id: str
+    model: str
+    prompt: list[dict]
+    params: object  # llm.SamplingParams
+    include_usage: bool
+
+
+async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, model_name: str) -> PreparedRequest:
+    """Validate what the schema cannot, and decode the images (off the event loop)."""
+    if body.model not in (None, "", model_name):
+        raise ModelNotFoundError(f"model {body.model!r} is not served here; GET /v1/models lists {model_name!r}")
+    if body.n > config.max_n:
+        raise AppError(f"n must be between 1 and {config.max_n}", param="n")
+    if len(body.stop_list) > config.max_stop_strings:
+        raise AppError(f"at most {config.max_stop_strings} stop strings are allowed", param="stop")
+    max_len = getattr(engine, "max_model_len", None)
+    if body.max_new_tokens is not None and max_len and body.max_new_tokens >= max_len:
+        raise AppError(
+            f"max_tokens={body.max_new_tokens} does not fit the model's context of {max_len} tokens; ask for fewer",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    sources = [part.image_url.url for m in body.messages if isinstance(m.content, list) for part in m.content
+               if isinstance(part, ImagePart)]  # fmt: skip
+    if len(sources) > config.media.max_images_per_request:
+        raise AppError(
+            f"{len(sources)} images sent; at most {config.media.max_images_per_request} per request", param="messages"
+        )
+    images = await asyncio.gather(*(asyncio.to_thread(load_image, src, config.media) for src in sources))
+    prompt, next_image = [], iter(images)
+    for message in body.messages:
+        role = "system" if message.role == "developer" else message.role
+        if isinstance(message.content, list):
+            texts = [p.text for p in message.content if not isinstance(p, ImagePart)]
+            own = [next(next_image) for p in message.content if isinstance(p, ImagePart)]
+            prompt.append(engine_message(role, texts, own))
+        else:
+            prompt.append(engine_message(role, [message.content or ""]))
+    params = sampling_params(
+        n=body.n,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        seed=body.seed,
+        max_tokens=body.max_new_tokens,
+        stop=body.stop_list or None,
+        ignore_eos=body.ignore_eos or None,
+    )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return PreparedRequest(new_request_id(), model_name, prompt, params, include_usage)
+
+
+def usage(output) -> dict:
+    prompt_tokens = len(output.prompt_token_ids)
+    completion_tokens = sum(len(c.token_ids) for c in output.outputs)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def complete(engine, req: PreparedRequest) -> dict:
+    """Run to the end and answer with one chat.completion object."""
+    last = None
+    async with aclosing(stream_outputs(engine, req.request_id, req.prompt, req.params)) as outputs:
+        async for output in outputs:
+            last = output
+    choices = [
+        {
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": None,
+            "finish_reason": FINISH_REASONS.get(c.finish_reason, c.finish_reason),
+        }
+        for c in sorted(last.outputs, key=lambda c: c.index)
+    ]
+    return {
+        "id": req.request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": choices,
+        "usage": usage(last),
+    }
+
+
+async def open_stream(engine, req: PreparedRequest) -> AsyncIterator[str]:
+    """Start generating now (so errors such as a too-long prompt are still 4xx) and return the SSE lines."""
+    outputs = stream_outputs(engine, req.request_id, req.prompt, req.params)
+    try:
+        first = await outputs.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await outputs.aclose()
+        raise
+    return _sse(req, first, outputs)
+
+
+async def _sse(req: PreparedRequest, first, outputs) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(choices: list[dict], **extra) -> str:
+        body = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": req.model}
+        body["choices"] = choices
+        body.update(extra)
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    n = req.params.n
+    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None} for i in range(n)])
+    last, reported = first, set()
+    try:
+        async with aclosing(outputs):
+            for line in _lines(first, reported, chunk):
+                yield line
+            async for last in outputs:
+                for line in _lines(last, reported, chunk):
+                    yield line
+    except Exception as exc:  # the response has started: report in-band, as OpenAI does
+        log.warning("stream %s failed: %s", req.request_id, exc, exc_info=not is_user_error(exc))
+        message = str(exc) if is_user_error(exc) else "internal server error; the server log has the details"
+        yield f"data: {json.dumps(error_body(message, user_error_status(exc) if is_user_error(exc) else 500))}\n\n"
+    if req.include_usage and last is not None:
+        yield chunk([], usage=usage(last))
+    yield "data: [DONE]\n\n"
+
+
+def _lines(output, reported: set, chunk) -> list[str]:
+    """The SSE chunks one RequestOutput adds: new text, then the finish reason of completions that ended."""
+    lines = []
+    for c in output.outputs if output is not None else ():
+        if c.index in reported:
+            continue
+        if c.delta_text:
+            lines.append(chunk([{"index": c.index, "delta": {"content": c.delta_text}, "finish_reason": None}]))
+        if c.finish_reason is not None:
+            reported.add(c.index)
+            reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason)
+            lines.append(chunk([{"index": c.index, "delta": {}, "finish_reason": reason}]))
+    return lines

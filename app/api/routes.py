@@ -1,0 +1,62 @@
+"""The /v1 routes: chat completions, models; Bearer-key check; a client that goes away aborts its request."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from app.api.completions import complete, open_stream, prepare
+from app.api.errors import error_response
+from app.api.protocol import ChatCompletionRequest
+from app.errors import AuthError
+from app.settings import ServerConfig
+
+DISCONNECT_POLL_S = 0.2
+
+
+def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
+    created = int(time.time())
+
+    def check_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError("this server needs an API key: send the header 'Authorization: Bearer KEY'")
+        if not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise AuthError("the API key is wrong; use the key the server was started with (--api-key)")
+
+    router = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @router.get("/models")
+    async def models() -> dict:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "vlchat"}
+        card["max_model_len"] = getattr(engine, "max_model_len", None)
+        return {"object": "list", "data": [card]}
+
+    @router.post("/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+        prepared = await prepare(body, config, engine, model_name)
+        if body.stream:
+            lines = await open_stream(engine, prepared)
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(lines, media_type="text/event-stream", headers=headers)
+        task = asyncio.ensure_future(complete(engine, prepared))
+        while not task.done():
+            await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()  # cancelling the stream aborts the engine request
+                await asyncio.gather(task, return_exceptions=True)
+                return JSONResponse({}, status_code=499)
+        return JSONResponse(task.result())
+
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
+    async def unknown(path: str, request: Request) -> JSONResponse:
+        message = f"no route {request.method} /v1/{path}; the API has GET /v1/models and POST /v1/chat/completions"
+        return error_response(message, 404, code="unknown_url")
+
+    return router

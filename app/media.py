@@ -1,0 +1,195 @@
+"""Image loading with the server's safety rules: where an image may come from, how big it may be, what it becomes.
+
+Every image ends as an 8-bit RGB `PIL.Image` whose pixels were fully decoded here, so a truncated
+file, a decompression bomb or an odd mode (CMYK, 16-bit, alpha, palette, animation) never reaches
+the model's processor.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import warnings
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+from PIL import Image, ImageFile
+
+from app.errors import ForbiddenMediaError, MediaError
+from app.settings import MediaLimits
+
+FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF")
+ImageSource = str | bytes | os.PathLike | Image.Image
+
+
+def load_image(source: ImageSource, limits: MediaLimits, *, trusted_path: bool = False) -> Image.Image:
+    """Return the image `source` names as RGB.
+
+    Args:
+        source: a data: URL, an http(s) URL, a file:// URL or path, raw bytes, or a PIL image.
+        limits: size limits and where images may be read from.
+        trusted_path: the path came from the server itself (a Gradio upload), not from a request.
+    """
+    if isinstance(source, Image.Image):
+        return to_rgb(_check_pixels(source, limits))
+    if isinstance(source, (bytes, bytearray)):
+        return decode_image(bytes(source), limits)
+    if isinstance(source, os.PathLike):
+        return decode_image(read_local(os.fspath(source), limits, trusted=trusted_path), limits)
+    if not isinstance(source, str) or not source.strip():
+        raise MediaError("an image reference must be a non-empty string (data: URL, http(s) URL or file path)")
+    source = source.strip()
+    scheme = source.split(":", 1)[0].lower() if ":" in source else ""
+    if scheme == "data":
+        return decode_image(decode_data_url(source, limits), limits)
+    if scheme in ("http", "https"):
+        return decode_image(fetch_remote(source, limits), limits)
+    if scheme == "file":
+        return decode_image(read_local(unquote(urlparse(source).path), limits, trusted=trusted_path), limits)
+    if len(scheme) > 1:  # a Windows drive letter is one character; anything longer is a URL scheme
+        raise MediaError(f"image URLs with scheme {scheme!r} are not supported; use data:, http(s): or a file path")
+    return decode_image(read_local(source, limits, trusted=trusted_path), limits)
+
+
+def decode_data_url(url: str, limits: MediaLimits) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise MediaError("a data: URL needs a comma between its header and payload (data:image/png;base64,...)")
+    if not header.endswith(";base64"):
+        raise MediaError("only base64 data: URLs are supported (data:image/png;base64,...)")
+    mime = header[len("data:") : -len(";base64")].lower()
+    if mime and not mime.startswith("image/"):
+        raise MediaError(f"a data: URL of type {mime!r} is not an image")
+    if len(payload) > limits.max_image_bytes * 4 // 3 + 4:
+        raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise MediaError("the data: URL payload is not valid base64") from None
+
+
+def fetch_remote(url: str, limits: MediaLimits) -> bytes:
+    if not limits.allow_remote:
+        raise ForbiddenMediaError(
+            "remote image URLs are disabled on this server; send the image as a data: URL "
+            "(or start the server with --allow-remote-images)"
+        )
+    import httpx
+
+    chunks, total = [], 0
+    try:
+        with httpx.stream("GET", url, timeout=limits.remote_timeout_s, follow_redirects=True) as response:
+            if response.status_code != 200:
+                raise MediaError(f"fetching the image returned HTTP {response.status_code}")
+            for chunk in response.iter_bytes():
+                total += len(chunk)
+                if total > limits.max_image_bytes:
+                    raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
+                chunks.append(chunk)
+    except httpx.HTTPError as exc:
+        raise MediaError(f"could not fetch the image: {type(exc).__name__}") from None
+    return b"".join(chunks)
+
+
+def read_local(path: str, limits: MediaLimits, *, trusted: bool = False) -> bytes:
+    if not trusted:
+        root = limits.allowed_local_dir
+        if root is None:
+            raise ForbiddenMediaError(
+                "local file paths are disabled on this server; send the image as a data: URL "
+                "(or start the server with --allowed-local-media-path DIR)"
+            )
+        if ".." in Path(path).parts:
+            raise ForbiddenMediaError("image paths may not contain '..'")
+        real = os.path.realpath(os.path.join(root, path))  # resolves symlinks: a link out of root is refused
+        if os.path.commonpath([real, root]) != root:
+            raise ForbiddenMediaError(f"image paths must lie inside the allowed media directory {root}")
+        path = real
+    try:
+        size = os.path.getsize(path)
+        if size > limits.max_image_bytes:
+            raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise MediaError(f"no image file at {path}") from None
+    except PermissionError:
+        raise ForbiddenMediaError(f"the server may not read {path}") from None
+
+
+def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
+    if not data:
+        raise MediaError("the image is empty (0 bytes)")
+    if len(data) > limits.max_image_bytes:
+        raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
+            _check_pixels(image, limits)  # before decoding a single pixel
+            image.seek(0)  # animated images: the first frame
+            _load_strict(image)
+    except MediaError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise MediaError(f"the image has more than {limits.max_image_pixels} pixels") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise MediaError(f"the data is not a readable image ({_reason(exc)})") from None
+    return to_rgb(image)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB: 16-bit and float scaled down, CMYK converted, alpha and palettes composited over white."""
+    mode = image.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        array = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode.startswith("I;16") or array.max(initial=0) > 255 else 255.0
+        array = np.clip(array / top * 255.0, 0, 255).astype(np.uint8)
+        image = Image.fromarray(array, mode="L")
+    if image.mode == "P" or image.mode == "PA":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "La", "RGBa"):
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, image)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    return image
+
+
+def _check_pixels(image: Image.Image, limits: MediaLimits) -> Image.Image:
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise MediaError("the image has no pixels (width or height is 0)")
+    if width * height > limits.max_image_pixels:
+        raise MediaError(
+            f"the image has {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{limits.max_image_pixels}; send a smaller image"
+        )
+    return image
+
+
+def _load_strict(image: Image.Image) -> None:
+    previous = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        image.load()
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = previous
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).split("\n")[0]
+    if "cannot identify image file" in text:
+        return "unknown or unsupported format; send PNG, JPEG, GIF, WebP, BMP or TIFF"
+    return text[:120] or type(exc).__name__
+
+
+def encode_data_url(image: Image.Image) -> str:
+    """A PNG data: URL for `image` (used by clients)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")

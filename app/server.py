@@ -1,0 +1,133 @@
+"""`vlchat serve`: one FastAPI app with the Gradio UI at /, the OpenAI-compatible API at /v1 and GET /health."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+import threading
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from app import __version__
+from app.api.errors import error_response, install_error_handlers
+from app.api.routes import build_router
+from app.model_choice import ModelChoice
+from app.settings import ServerConfig, quiet_gradio_defaults
+
+log = logging.getLogger("vlchat.server")
+
+
+class BodySizeLimit:
+    """Refuse request bodies over `limit` bytes under /v1 with a 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._refuse(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope, receive, send):
+        message = f"the request body is larger than the server's limit of {self.limit} bytes; send smaller images"
+        await error_response(message, 413, code="request_too_large")(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool = True) -> FastAPI:
+    """The whole server over an already started engine."""
+    app = FastAPI(title="vlchat", version=__version__, docs_url="/v1/docs", openapi_url="/v1/openapi.json")
+    install_error_handlers(app)
+    app.include_router(build_router(config, engine, model.name))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body = {"status": "ok", "model": model.name, "untrained": model.untrained, "version": __version__}
+        if getattr(engine, "errored", False):
+            return JSONResponse({**body, "status": "error"}, status_code=503)
+        return JSONResponse(body)
+
+    if with_ui:
+        quiet_gradio_defaults()
+        import gradio as gr
+
+        from app.ui import build_ui
+
+        blocks = build_ui(engine, model, config)
+        app = gr.mount_gradio_app(
+            app,
+            blocks,
+            path="/",
+            auth=config.auth,
+            max_file_size=config.media.max_image_bytes,
+            allowed_paths=[str(p) for p in model.example_dirs],
+            server_name=config.host,
+            server_port=config.port,
+            footer_links=["api", "settings"],
+        )
+    app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
+    return app
+
+
+def warn_if_unprotected(config: ServerConfig) -> None:
+    if config.share and config.unprotected:
+        bar = "!" * 78
+        print(
+            f"{bar}\nWARNING: --share publishes this server on the internet WITHOUT --auth or --api-key:\n"
+            f"anyone with the link can use your model and GPU. Add --auth USER:PASS and --api-key KEY.\n{bar}",
+            file=sys.stderr,
+        )
+
+
+def start_share_link(config: ServerConfig) -> None:
+    """Ask Gradio for a public link in the background; when it cannot be made, say so in one line."""
+
+    def run():
+        try:
+            from gradio import networking
+
+            url = networking.setup_tunnel("127.0.0.1", config.port, secrets.token_urlsafe(32), None, None)
+            print(f"Public link: {url}", file=sys.stderr)
+        except Exception as exc:  # no network, blocked, or Gradio's share server down
+            print(f"Could not create a share link ({type(exc).__name__}); serving locally only.", file=sys.stderr)
+
+    threading.Thread(target=run, name="vlchat-share", daemon=True).start()
+
+
+def serve(config: ServerConfig) -> int:
+    """Load the model, start the engine and serve until interrupted."""
+    import uvicorn
+
+    from app.model_choice import resolve_model, start_engine
+
+    quiet_gradio_defaults()
+    warn_if_unprotected(config)
+    model = resolve_model(config.model, served_name=config.served_model_name)
+    engine = start_engine(model, config.engine_options)
+    app = build_app(config, engine, model)
+    if config.share:
+        start_share_link(config)
+    print(f"vlchat {__version__}: {model.describe()} at http://{config.host}:{config.port}", file=sys.stderr)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2)
+    return 0

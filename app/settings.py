@@ -1,0 +1,93 @@
+"""Server settings: one dataclass built at the edge (CLI) and the one place app/ reads environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.errors import ConfigError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7860
+
+
+@dataclass(slots=True)
+class MediaLimits:
+    """What an image may be; shared by the API, the UI and the terminal chat."""
+
+    allow_remote: bool = False
+    allowed_local_dir: str | None = None
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_images_per_request: int = 8
+    remote_timeout_s: float = 10.0
+
+    def __post_init__(self):
+        if self.max_image_bytes <= 0 or self.max_image_pixels <= 0 or self.max_images_per_request <= 0:
+            raise ConfigError("image limits must be positive")
+        if self.allowed_local_dir is not None:
+            path = Path(self.allowed_local_dir).expanduser()
+            if not path.is_dir():
+                raise ConfigError(f"--allowed-local-media-path {self.allowed_local_dir!r} is not a directory")
+            self.allowed_local_dir = os.path.realpath(path)
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """Everything `vlchat serve` needs; engine options pass through to the engine config untouched."""
+
+    model: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    share: bool = False
+    auth: tuple[str, str] | None = None
+    api_key: str | None = None
+    served_model_name: str | None = None
+    media: MediaLimits = field(default_factory=MediaLimits)
+    max_request_bytes: int = 64 * 1024 * 1024
+    max_n: int = 8
+    max_stop_strings: int = 8
+    analytics_enabled: bool = False
+    engine_options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port} is not a TCP port (0-65535)")
+        if self.auth is not None and (len(self.auth) != 2 or not all(self.auth)):
+            raise ConfigError("--auth takes USER:PASS with both parts non-empty")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("--api-key must not be empty")
+        if self.max_request_bytes <= 0 or self.max_n <= 0 or self.max_stop_strings <= 0:
+            raise ConfigError("request limits must be positive")
+
+    @property
+    def unprotected(self) -> bool:
+        return self.auth is None and self.api_key is None
+
+    def replace(self, **changes) -> ServerConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ConfigError("--auth takes USER:PASS, for example --auth alice:s3cret")
+    return user, password
+
+
+def read_env() -> dict[str, str | None]:
+    """The environment variables app/ honours, read here and nowhere else."""
+    return {
+        "api_key": os.environ.get("VLCHAT_API_KEY") or None,
+        "auth": os.environ.get("VLCHAT_AUTH") or None,
+        "gradio_analytics": os.environ.get("GRADIO_ANALYTICS_ENABLED"),
+    }
+
+
+def quiet_gradio_defaults() -> None:
+    """Gradio reads this when imported: analytics stay off unless the user turned them on."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

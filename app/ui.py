@@ -1,0 +1,146 @@
+"""The browser UI (Gradio Blocks around a multimodal ChatInterface), streaming from the engine.
+
+Retry, undo, edit, clear and Stop come from ChatInterface; Stop cancels the generator below,
+whose `finally` aborts the engine request. User errors become `gr.Warning` toasts, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from contextlib import aclosing
+
+import gradio as gr
+
+from app.errors import AppError, is_user_error
+from app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
+from app.media import load_image
+from app.model_choice import ModelChoice
+from app.settings import MediaLimits, ServerConfig
+
+log = logging.getLogger("vlchat.ui")
+
+DEFAULT_SYSTEM_PROMPT = ""
+EXAMPLE_PROMPTS = ("What shape is in this picture, and what color is it?", "Describe this image.")
+
+
+def file_path(item) -> str | None:
+    """The local path of a Gradio file value (a str, a FileData dict or object)."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        inner = item.get("file", item)
+        return inner.get("path") if isinstance(inner, dict) else getattr(inner, "path", None)
+    return getattr(item, "path", None)
+
+
+def conversation(message: dict, history: Sequence[dict], system_prompt: str, limits: MediaLimits) -> list[dict]:
+    """Gradio history + the new multimodal message -> engine messages (consecutive same-role turns merged)."""
+    turns: list[tuple[str, list[str], list[str]]] = []  # (role, texts, image paths)
+
+    def add(role: str, texts: list[str], paths: list[str]) -> None:
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(texts)
+            turns[-1][2].extend(paths)
+        else:
+            turns.append((role, texts, paths))
+
+    for entry in history:
+        role, content = entry.get("role"), entry.get("content")
+        if role not in ("user", "assistant"):
+            continue
+        texts, paths = [], []
+        for part in content if isinstance(content, list) else [content]:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") == "text":
+                texts.append(part.get("text", ""))
+            elif role == "user" and (path := file_path(part)):
+                paths.append(path)
+        add(role, texts, paths)
+    add("user", [message.get("text") or ""], [p for p in map(file_path, message.get("files") or []) if p])
+    total = sum(len(paths) for _, _, paths in turns)
+    if total > limits.max_images_per_request:
+        raise AppError(
+            f"this conversation has {total} images; at most {limits.max_images_per_request} fit one request. "
+            "Press Clear to start a new chat."
+        )
+    if not turns[-1][1][-1].strip() and not turns[-1][2]:
+        raise AppError("type a message or attach an image first")
+    messages = [{"role": "system", "content": system_prompt.strip()}] if system_prompt.strip() else []
+    for role, texts, paths in turns:
+        images = [load_image(path, limits, trusted_path=True) for path in paths]
+        messages.append(engine_message(role, texts, images))
+    return messages
+
+
+def make_respond(engine, limits: MediaLimits):
+    async def respond(message, history, system_prompt, temperature, top_p, max_new_tokens):
+        try:
+            prompt = await asyncio.to_thread(conversation, message, history, system_prompt or "", limits)
+            params = sampling_params(temperature=float(temperature), top_p=float(top_p), max_tokens=int(max_new_tokens))
+        except Exception as exc:
+            _warn(exc)
+            return
+        text = ""
+        try:
+            async with aclosing(fitted_outputs(engine, new_request_id("ui"), prompt, params)) as outputs:
+                async for output in outputs:
+                    text = output.outputs[0].text
+                    yield text
+        except Exception as exc:
+            _warn(exc)
+
+    return respond
+
+
+def _warn(exc: BaseException) -> None:
+    if is_user_error(exc):
+        gr.Warning(str(exc))
+    else:
+        log.exception("chat turn failed")
+        gr.Warning(f"Generation failed ({type(exc).__name__}); the server log has the details.")
+
+
+def header(model: ModelChoice) -> str:
+    text = f"## vlchat\nModel: **{model.name}**"
+    if model.untrained:
+        text += " &nbsp; ⚠️ *untrained demo weights: the answers are random text*"
+    return text
+
+
+def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
+    max_len = getattr(engine, "max_model_len", None) or 2048
+    limits = config.media
+    with gr.Blocks(title=f"vlchat - {model.name}", analytics_enabled=config.analytics_enabled, fill_height=True) as ui:
+        gr.Markdown(header(model), elem_id="model-name")
+        with gr.Accordion("Settings", open=False, render=False) as settings:
+            system = gr.Textbox(DEFAULT_SYSTEM_PROMPT, label="System prompt", lines=2, render=False)
+            temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature", render=False)
+            top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", render=False)
+            max_new = gr.Slider(1, max(1, max_len - 1), value=min(512, max_len - 1), step=1,
+                                label="Max new tokens", render=False)  # fmt: skip
+        images = model.example_images()
+        examples = [[{"text": EXAMPLE_PROMPTS[i % 2], "files": [str(p)]}] for i, p in enumerate(images[:4])]
+        gr.ChatInterface(
+            make_respond(engine, limits),
+            multimodal=True,
+            chatbot=gr.Chatbot(label=model.name, elem_id="chatbot", scale=1, buttons=["copy"]),
+            textbox=gr.MultimodalTextbox(
+                file_types=["image"],
+                file_count="multiple",
+                placeholder="Ask about an image: attach, drop or paste one or more",
+                sources=["upload"],
+                elem_id="prompt",
+            ),
+            additional_inputs=[system, temperature, top_p, max_new],
+            additional_inputs_accordion=settings,
+            examples=examples or None,
+            cache_examples=False,
+            editable=True,
+            delete_cache=(600, 3600),
+            concurrency_limit=None,
+            api_name="chat",
+        )
+    return ui

@@ -1,0 +1,48 @@
+"""One engine and a few live servers for the app tests (session-scoped: the model loads once)."""
+
+import pytest
+
+from app.model_choice import EXAMPLES, ModelChoice
+from tests.app.live import start_engine, start_server
+from tests.llm.tiny import make_tiny_llama
+
+API_KEY = "test-key-123"
+BODY_LIMIT = 300_000
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory):
+    engine = start_engine(make_tiny_llama(tmp_path_factory.mktemp("models")))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_choice(tiny_engine):
+    return ModelChoice(tiny_engine.config.model, "tiny-llama", untrained=True, example_dirs=[EXAMPLES])
+
+
+@pytest.fixture(scope="session")
+def text_server(tiny_engine, tiny_choice):
+    """The whole app (UI + API) over the tiny text model, no protection."""
+    server = start_server(tiny_engine, tiny_choice)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def media_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="session")
+def locked_server(tiny_engine, tiny_choice, media_root):
+    """API only, with an API key, a local media directory and a small body limit."""
+    from app.settings import MediaLimits
+
+    media = MediaLimits(allowed_local_dir=str(media_root), max_images_per_request=2)
+    server = start_server(
+        tiny_engine, tiny_choice, with_ui=False, api_key=API_KEY, media=media, max_request_bytes=BODY_LIMIT
+    )
+    yield server
+    server.stop()

@@ -1,0 +1,57 @@
+"""A real vlchat server on a free 127.0.0.1 port, in a thread of the test process, over a real engine."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from app.model_choice import DEMO_MODEL, EXAMPLES, ModelChoice
+from app.server import build_app
+from app.settings import ServerConfig
+
+
+class LiveServer:
+    """uvicorn serving `app` until `stop()`; `url` is its base URL."""
+
+    def __init__(self, app):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, ws="none")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+def demo_choice() -> ModelChoice:
+    return ModelChoice(str(DEMO_MODEL), "vlchat-demo", untrained=True, demo=True, example_dirs=[EXAMPLES])
+
+
+def start_server(engine, choice: ModelChoice, with_ui: bool = True, **config) -> LiveServer:
+    return LiveServer(build_app(ServerConfig(**config), engine, choice, with_ui=with_ui)).start()
+
+
+def start_engine(model_dir: str | Path, **options):
+    from llm import AsyncEngine, EngineConfig
+
+    options.setdefault("num_blocks", 256)
+    options.setdefault("max_model_len", 512)
+    return AsyncEngine.from_config(EngineConfig.from_options(str(model_dir), **options))

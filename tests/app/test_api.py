@@ -1,0 +1,109 @@
+"""The OpenAI-compatible API over a live server and a real engine (tiny random text model)."""
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from app.client import AsyncClient, Client
+
+HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
+
+
+def test_health_and_models(text_server):
+    health = httpx.get(f"{text_server.url}/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny-llama" and health["untrained"] is True
+    models = httpx.get(f"{text_server.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny-llama"] and models["data"][0]["max_model_len"] == 512
+
+
+def test_openai_package_stream_matches_non_stream(text_server):
+    client = OpenAI(base_url=f"{text_server.url}/v1", api_key="unused", max_retries=0)
+    full = client.chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=12, temperature=0)
+    choice = full.choices[0]
+    assert choice.finish_reason in ("stop", "length") and choice.message.role == "assistant"
+    assert full.usage.completion_tokens == (12 if choice.finish_reason == "length" else full.usage.completion_tokens)
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens > 0
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llama", messages=HELLO, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_stop_strings_n_and_seed(text_server):
+    client = OpenAI(base_url=f"{text_server.url}/v1", api_key="unused", max_retries=0)
+    extra = {"ignore_eos": True}
+    text = (
+        client.chat.completions.create(
+            model="tiny-llama", messages=HELLO, max_tokens=24, temperature=0, extra_body=extra
+        )
+        .choices[0]
+        .message.content
+    )
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = client.chat.completions.create(
+        model="tiny-llama", messages=HELLO, max_tokens=24, temperature=0, stop=[stop], extra_body=extra
+    ).choices[0]
+    assert cut.finish_reason == "stop" and text.startswith(cut.message.content) and stop not in cut.message.content
+    sampled = dict(messages=HELLO, max_completion_tokens=16, temperature=1.0, top_p=0.9, seed=7, n=2,
+                   extra_body={"top_k": 50, "min_p": 0.01, "repetition_penalty": 1.1, **extra})  # fmt: skip
+    first = client.chat.completions.create(model="tiny-llama", **sampled)
+    again = client.chat.completions.create(model="tiny-llama", **sampled)
+    assert [c.index for c in first.choices] == [0, 1] and first.usage.completion_tokens == 32
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+
+
+def test_app_client_sync_and_async(text_server):
+    with Client(text_server.url) as client:
+        assert client.models() == ["tiny-llama"]
+        answer = client.chat("Hello! How are you today?", max_tokens=10, temperature=0)
+        assert "".join(client.chat("Hello! How are you today?", stream=True, max_tokens=10, temperature=0)) == answer
+
+    async def run():
+        async with AsyncClient(text_server.url) as client:
+            text = await client.chat("Hello! How are you today?", max_tokens=10, temperature=0)
+            pieces = [d async for d in await client.chat("Hello! How are you today?", stream=True, max_tokens=10,
+                                                          temperature=0)]  # fmt: skip
+            return text, "".join(pieces)
+
+    assert asyncio.run(run()) == (answer, answer)
+
+
+def test_client_disconnect_aborts_the_request(text_server, tiny_engine):
+    baseline = tiny_engine.num_free_blocks()
+    body = {"messages": HELLO, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{text_server.url}/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data:")
+        assert tiny_engine.num_free_blocks() < baseline  # the request holds KV blocks while it runs
+    deadline = time.monotonic() + 10
+    while tiny_engine.num_free_blocks() != baseline and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tiny_engine.num_free_blocks() == baseline
+
+
+def test_sse_framing(text_server):
+    body = {"messages": HELLO, "max_tokens": 4, "stream": True}
+    raw = httpx.post(f"{text_server.url}/v1/chat/completions", json=body).text
+    events = [e for e in raw.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    first = json.loads(events[0][6:])
+    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("prompt_words", [400], ids=["prompt-over-context"])
+def test_prompt_longer_than_the_context_is_a_400(text_server, prompt_words):
+    body = {"messages": [{"role": "user", "content": "hello " * prompt_words}], "max_tokens": 8}
+    for stream in (False, True):
+        response = httpx.post(f"{text_server.url}/v1/chat/completions", json={**body, "stream": stream})
+        assert response.status_code == 400, response.text
+        assert "context" in response.json()["error"]["message"]
