@@ -17,6 +17,12 @@ _MODELS: dict[str, str] = {
     "Qwen2ForCausalLM": "llm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "llm.models.qwen3:Qwen3ForCausalLM",
     "InternLM2ForCausalLM": "llm.models.internlm2:InternLM2ForCausalLM",
+    # vision-language models (vision/)
+    "LlavaForConditionalGeneration": "vision.models.llava:LlavaForConditionalGeneration",
+    "LlavaNextForConditionalGeneration": "vision.models.llava_next:LlavaNextForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
+    "InternVLForConditionalGeneration": "vision.models.internvl:InternVLForConditionalGeneration",
 }
 
 
