@@ -20,10 +20,15 @@ DECODE = "attention.paged_decode"
 PREFILL = "attention.paged_prefill"
 VARLEN = "attention.varlen"
 
-dispatch.register(WRITE_KV, reference.write_kv_cache)
-dispatch.register(DECODE, reference.paged_decode_attention)
-dispatch.register(PREFILL, reference.paged_prefill_attention)
-dispatch.register(VARLEN, reference.varlen_attention)
+try:
+    from kernels.attention import decode, kv_write, prefill, varlen
+except ImportError:  # no triton installed: the references serve every op
+    decode = kv_write = prefill = varlen = None
+
+dispatch.register(WRITE_KV, reference.write_kv_cache, kv_write and kv_write.write_kv_cache)
+dispatch.register(DECODE, reference.paged_decode_attention, decode and decode.paged_decode_attention)
+dispatch.register(PREFILL, reference.paged_prefill_attention, prefill and prefill.paged_prefill_attention)
+dispatch.register(VARLEN, reference.varlen_attention, varlen and varlen.varlen_attention)
 
 
 def device_for(t: torch.Tensor) -> DeviceInfo:

@@ -1,0 +1,141 @@
+"""Per-architecture launch configs for the attention kernels, with the reasons next to them.
+
+One `ArchTable` per compute capability we tune for (sm_70, sm_75, sm_80, sm_86,
+sm_89, sm_90). `table_for(device)` picks the table of the device (an unknown
+newer arch takes the closest older one; the CPU interpreter takes sm_80's).
+`check_dtype` refuses bf16 where the hardware has none, so the engine can fall
+back to fp16 with a clear message.
+
+Facts the tables rest on (per SM unless said otherwise):
+- sm_70 (V100): 96 KB shared memory, HBM2 ~900 GB/s, no bf16, no cp.async.
+  Triton >= 3 has no Volta MMA path, so tl.dot lowers to FMA: small tiles,
+  one stage (no asynchronous copies to pipeline).
+- sm_75 (T4, RTX 20xx): 64 KB shared memory, fp16 mma.m16n8k8, no bf16, no
+  cp.async: one stage, tiles that fit 64 KB.
+- sm_80 (A100): 164 KB shared memory, cp.async, bf16 mma; HBM2e ~2 TB/s:
+  3-4 stages, 128-row prefill tiles.
+- sm_86 / sm_89 (A10/A6000/RTX 30xx, L4/L40/RTX 40xx): 100 KB shared memory
+  per SM (99 KB per block): 2 stages, 64-row prefill tiles for head_dim 128.
+- sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
+  tl.dot with 4-warp groups and M >= 64, HBM3(e) 3.3-4.8 TB/s: 128-row prefill
+  tiles with 8 warps, 3 stages; decode wants many CTAs in flight (see splits.py).
+
+Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
+packed query heads of one KV head (M = 16 rows, the smallest tl.dot). Prefill
+is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels.device import DeviceInfo
+
+
+class UnsupportedDtypeError(TypeError):
+    """The attention kernels cannot run this dtype on this GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeConfig:
+    block_n: int  # KV tokens per loop iteration
+    num_warps: int
+    num_stages: int
+    ctas_per_sm: int  # resident CTAs per SM at this config (registers/shared memory), for the split heuristic
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillConfig:
+    block_m: int  # query rows per program
+    block_n: int  # KV tokens per loop iteration
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArchTable:
+    arch: str
+    supports_bf16: bool
+    bandwidth_gbs: float  # typical HBM bandwidth of the family, for the split heuristic's wave model
+    # keyed by the padded head dim bucket: 64 (<= 64), 128 (<= 128), 256 (<= 256)
+    decode: dict[int, DecodeConfig] = field(default_factory=dict)
+    prefill: dict[int, PrefillConfig] = field(default_factory=dict)
+
+    def decode_config(self, head_dim: int) -> DecodeConfig:
+        return self.decode[_bucket(head_dim)]
+
+    def prefill_config(self, head_dim: int) -> PrefillConfig:
+        return self.prefill[_bucket(head_dim)]
+
+
+def _bucket(head_dim: int) -> int:
+    if head_dim > 256:
+        raise ValueError(f"head_dim {head_dim} is above the 256 the attention kernels support")
+    return 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+
+
+D, P = DecodeConfig, PrefillConfig
+
+TABLES: dict[str, ArchTable] = {
+    # FMA dot, 96 KB smem, no async copy: one stage; prefill 64x32 keeps the FMA register tile small.
+    "sm_70": ArchTable(
+        "sm_70", False, 900.0,
+        decode={64: D(32, 4, 1, 4), 128: D(32, 4, 1, 4), 256: D(16, 4, 1, 2)},
+        prefill={64: P(64, 32, 4, 1), 128: P(64, 32, 4, 1), 256: P(32, 16, 4, 1)},
+    ),
+    # mma.m16n8k8 fp16 but only 64 KB smem and no cp.async: one stage, K+V tiles <= 32 KB.
+    "sm_75": ArchTable(
+        "sm_75", False, 320.0,
+        decode={64: D(64, 4, 1, 4), 128: D(32, 4, 1, 4), 256: D(16, 4, 1, 2)},
+        prefill={64: P(64, 64, 4, 1), 128: P(64, 32, 4, 1), 256: P(32, 16, 4, 1)},
+    ),
+    # 164 KB smem and cp.async: deep pipelines; 128x64 prefill tiles at head_dim <= 128.
+    "sm_80": ArchTable(
+        "sm_80", True, 2000.0,
+        decode={64: D(64, 4, 3, 4), 128: D(64, 4, 3, 3), 256: D(32, 4, 3, 2)},
+        prefill={64: P(128, 64, 4, 3), 128: P(128, 64, 8, 3), 256: P(64, 32, 4, 2)},
+    ),
+    # 100 KB smem: two stages, 64-row tiles at head_dim 128.
+    "sm_86": ArchTable(
+        "sm_86", True, 900.0,
+        decode={64: D(64, 4, 2, 4), 128: D(64, 4, 2, 2), 256: D(32, 4, 2, 2)},
+        prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
+    ),
+    # Same smem as sm_86 (Ada); more L2 (48-96 MB) but the same tile limits.
+    "sm_89": ArchTable(
+        "sm_89", True, 800.0,
+        decode={64: D(64, 4, 2, 4), 128: D(64, 4, 2, 2), 256: D(32, 4, 2, 2)},
+        prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
+    ),
+    # 227 KB smem per block, wgmma: 128-row tiles with 8 warps (two warp groups), 3 stages.
+    "sm_90": ArchTable(
+        "sm_90", True, 4000.0,
+        decode={64: D(64, 4, 3, 4), 128: D(64, 4, 3, 4), 256: D(32, 4, 3, 2)},
+        prefill={64: P(128, 64, 4, 3), 128: P(128, 64, 8, 3), 256: P(64, 64, 8, 2)},
+    ),
+}  # fmt: skip
+
+_ORDER = sorted(TABLES, key=lambda a: int(a[3:]))
+
+
+def table_for(device: DeviceInfo) -> ArchTable:
+    """The table of `device`'s arch; a newer unknown arch takes the closest older table; CPU takes sm_80."""
+    if device.capability is None:
+        return TABLES["sm_80"]
+    cap = device.capability[0] * 10 + device.capability[1]
+    best = _ORDER[0]
+    for arch in _ORDER:
+        if int(arch[3:]) <= cap:
+            best = arch
+    return TABLES[best]
+
+
+def check_dtype(table: ArchTable, dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16 and not table.supports_bf16:
+        raise UnsupportedDtypeError(
+            f"bfloat16 attention needs compute capability >= 8.0 ({table.arch} has no bf16); run the model in float16"
+        )
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise UnsupportedDtypeError(f"attention kernels take float16, bfloat16 or float32, got {dtype}")

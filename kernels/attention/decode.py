@@ -1,0 +1,215 @@
+"""Paged decode attention with split-k (flash decoding) in Triton.
+
+One program per (sequence, KV head, split): the query heads sharing the KV head
+are packed as the rows of one tile (padded to 16, the smallest tl.dot), the
+split's share of the context is streamed in BLOCK_N-token chunks through the
+block table, and the result is either written directly (one split) or as an
+fp32 partial output plus its log-sum-exp (base 2), merged by `_reduce_kernel`.
+
+Each sequence divides its own visible range [max(0, len - window), len) among
+the splits on the device, so the launch depends only on host-known integers
+(batch, heads, split count): CUDA-graph safe. Empty splits write lse = -inf and
+contribute nothing; a sequence with no visible key gets zeros, never NaN.
+
+KV cache layout: [num_blocks, block_size, kv_heads, head_dim] with head_dim
+contiguous; a token's row for one KV head is head_dim contiguous elements.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention import splits as split_model
+from kernels.attention.configs import DecodeConfig, check_dtype, table_for
+
+
+@triton.jit
+def _tanh(x):
+    # tanh through exp2, saturating cleanly at +-1 for large |x| (no libdevice: runs in the interpreter too)
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
+    scale, softcap, window, num_splits,
+    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_g  # query heads of this KV head
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_g[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_G, BLOCK_D]
+    qk_scale = scale * 1.4426950408889634
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    table = tables_ptr + b.to(tl.int64) * stride_tb
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        page = tl.load(table + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+        slot = offs_n % PAGE
+        k = tl.load(
+            k_ptr + (page * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N] fp32
+        if SOFTCAP:
+            s = _tanh(s * (scale / softcap)) * (softcap * 1.4426950408889634)
+        else:
+            s = s * qk_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every chunk holds a visible key
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_ptr + (page * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    store_mask = mask_g[:, None] & mask_d[None, :]
+    if DIRECT:
+        dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        row = b * stride_pb + heads * stride_ph + split * stride_ps
+        tl.store(part_ptr + row[:, None] + offs_d[None, :], o, mask=store_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(lse_ptr + (b * tl.num_programs(1) * GROUP + heads) * num_splits + split, lse, mask=mask_g)
+
+
+@triton.jit
+def _reduce_kernel(
+    part_ptr, lse_ptr, out_ptr, num_splits,
+    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    lse = tl.load(lse_ptr + (b * tl.num_programs(1) + h) * num_splits + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # every split empty: weights 0, output 0
+    w = tl.exp2(lse - m)  # [BLOCK_S]
+    denom = tl.sum(w, 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    part = tl.load(
+        part_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=mask_s[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    o = tl.sum(part * w[:, None], 0) / denom
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def _check(q, k_cache, v_cache, block_tables, seq_lens):
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "q must be [batch, q_heads, head_dim]; k/v caches [num_blocks, block_size, kv_heads, head_dim]"
+        )
+    batch, q_heads, head_dim = q.shape
+    if k_cache.shape[3] != head_dim or q_heads % k_cache.shape[2]:
+        raise ValueError(f"head_dim/heads mismatch: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the last (head_dim) dimension of q and the caches must be contiguous")
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise TypeError("block_tables and seq_lens must be int32")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or seq_lens.shape != (batch,):
+        raise ValueError("block_tables must be [batch, max_blocks] and seq_lens [batch]")
+
+
+def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | None = None) -> int:
+    """The heuristic's split count from host-known values; the context bound is the block table's width."""
+    table = table_for(device)
+    config = config or table.decode_config(q.shape[-1])
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    max_context = block_tables.shape[1] * k_cache.shape[1]
+    return split_model.choose_num_splits(
+        batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
+        device.sm_count if device.is_cuda else 132, config.ctas_per_sm, config.block_n, table.bandwidth_gbs,
+    )  # fmt: skip
+
+
+def paged_decode_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
+    *, device=None, config: DecodeConfig | None = None,
+):  # fmt: skip
+    """Triton paged decode; `device`/`config` override the arch table (tests run other archs' configs)."""
+    # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
+    from kernels.attention import device_for
+
+    _check(q, k_cache, v_cache, block_tables, seq_lens)
+    device = device or device_for(q)
+    table = table_for(device)
+    check_dtype(table, q.dtype)
+    config = config or table.decode_config(q.shape[-1])
+    batch, q_heads, head_dim = q.shape
+    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    if num_splits is None:
+        num_splits = decode_splits(q, k_cache, block_tables, device, config)
+    num_splits = max(1, int(num_splits))
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    block_n = config.block_n
+    direct = num_splits == 1
+    if direct:
+        part, lse = out, out  # unused
+        part_strides = (0, 0, 0)
+    else:
+        part = torch.empty(batch, q_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+        lse = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
+        part_strides = part.stride()[:3]
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part, lse,
+        float(scale), float(softcap or 1.0), int(sliding_window or 0), num_splits,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_tables.stride(0), out.stride(0), out.stride(1), *part_strides,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        PAGE=page, BLOCK_N=block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if not direct:
+        _reduce_kernel[(batch, q_heads)](
+            part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+        )  # fmt: skip
+    return out

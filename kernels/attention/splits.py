@@ -1,0 +1,77 @@
+"""How many KV splits a decode step uses: a wave model of the GPU, in plain Python.
+
+Decode reads every K/V byte of the batch once and does almost no arithmetic, so
+its time is the time to stream those bytes. One CTA handles one (sequence, KV
+head, split); with few sequences and heads, there are too few CTAs to keep the
+memory system busy, and splitting the context multiplies them. Splits cost a
+reduce kernel, a fixed prologue per CTA and fp32 partial outputs.
+
+The model (all inputs are host-known, so it runs under CUDA graph capture):
+
+    ctas     = batch * kv_heads * splits
+    slots    = sm_count * ctas_per_sm              # CTAs resident at once (occupancy)
+    per-CTA rate r = bandwidth / (SAT_CTAS_PER_SM * sm_count)
+                                                   # one CTA alone cannot saturate HBM
+    a wave of `a` CTAs, each streaming b bytes, takes  T0 + b / min(r, bandwidth / a)
+    time(splits) = sum over waves (full waves of `slots`, then the remainder)
+                 + (splits > 1) * (T_REDUCE + partial bytes / bandwidth)
+
+and the choice is the smallest split count within 3% of the best modelled time
+(fewer splits: less reduce traffic, less partial memory). Compared with a fixed
+"fill the SMs once" rule (lmdeploy's GetSplitCount, SGLang's num_kv_splits)
+this accounts for the last partial wave, for CTAs that do not saturate memory on
+their own, and for the reduce's cost, and it never splits below BLOCK_N tokens.
+
+Context length: the engine passes `max_context` as the longest KV length of the
+batch it knows on the host (the scheduler has it). Under CUDA graph capture the
+graph is captured with one split count for a range of lengths; the engine passes
+the upper end of its length bucket (or max_model_len) and the kernel divides
+each sequence's own length (read on the device) among that many splits, so a
+too-large count costs only some empty CTAs, never correctness.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_SPLITS = 64  # upper bound of any split count; sizes the partial buffers [batch, q_heads, splits, head_dim] fp32
+SAT_CTAS_PER_SM = 2  # CTAs per SM needed to saturate HBM with 2-3 stage decode pipelines
+T0_US = 1.5  # per-wave prologue/epilogue latency (block-table, q and seq_len loads; partial write)
+T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
+TIE = 1.03  # within 3% of the best modelled time, prefer fewer splits
+
+
+def modelled_time_us(
+    splits: int, batch: int, kv_heads: int, group: int, max_context: int, head_dim: int, elem_size: int,
+    sm_count: int, ctas_per_sm: int, block_n: int, bandwidth_gbs: float,
+) -> float:  # fmt: skip
+    """Modelled decode time (microseconds) for one split count; see the module docstring."""
+    bw = bandwidth_gbs * 1e3  # bytes per microsecond
+    ctas = batch * kv_heads * splits
+    slots = max(1, sm_count * ctas_per_sm)
+    rate_cta = bw / (SAT_CTAS_PER_SM * sm_count)
+    tokens = math.ceil(math.ceil(max_context / splits) / block_n) * block_n
+    bytes_cta = tokens * 2 * head_dim * elem_size  # K and V rows of one KV head
+    time, left = 0.0, ctas
+    while left > 0:
+        active = min(left, slots)
+        time += T0_US + bytes_cta / min(rate_cta, bw / active)
+        left -= active
+    if splits > 1:
+        partial_bytes = batch * kv_heads * group * splits * (head_dim + 1) * 4 * 2  # written then read
+        time += T_REDUCE_US + partial_bytes / bw
+    return time
+
+
+def choose_num_splits(
+    batch: int, kv_heads: int, group: int, max_context: int, head_dim: int, elem_size: int,
+    sm_count: int, ctas_per_sm: int, block_n: int, bandwidth_gbs: float, max_splits: int = MAX_SPLITS,
+) -> int:  # fmt: skip
+    """Split count for a decode step; 1 when the batch alone fills the GPU or the context is short."""
+    if batch <= 0 or max_context <= block_n:
+        return 1
+    limit = max(1, min(max_splits, math.ceil(max_context / block_n)))
+    args = (batch, kv_heads, group, max_context, head_dim, elem_size, sm_count, ctas_per_sm, block_n, bandwidth_gbs)
+    times = [modelled_time_us(s, *args) for s in range(1, limit + 1)]
+    best = min(times)
+    return next(s for s, t in enumerate(times, start=1) if t <= best * TIE)

@@ -1,0 +1,56 @@
+"""Shared builders for the attention kernel tests: paged caches, tolerances, simulated devices."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels.device import DeviceInfo, TritonMode
+
+ON_GPU = torch.cuda.is_available()
+DEV = torch.device("cuda" if ON_GPU else "cpu")
+# the Triton 3.x interpreter computes tl.dot on bf16 operands wrongly: bf16 kernels are checked on a GPU only
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if ON_GPU else [])
+
+# (max abs error, relative Frobenius error) against the float64 reference on inputs rounded to the dtype.
+# fp16/bf16 lose precision where P is rounded for the P@V dot and in the output rounding; fp32 runs ieee dots.
+TOL = {torch.float32: (2e-5, 1e-5), torch.float16: (4e-3, 2e-3), torch.bfloat16: (3e-2, 1.6e-2)}
+
+ARCHS = {"sm_70": (7, 0), "sm_75": (7, 5), "sm_80": (8, 0), "sm_86": (8, 6), "sm_89": (8, 9), "sm_90": (9, 0)}
+
+
+def sim_device(capability: tuple[int, int], sm_count: int = 80, mode: TritonMode | None = None) -> DeviceInfo:
+    """A DeviceInfo of another GPU arch; by default in the Triton mode that can run here."""
+    if mode is None:
+        interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        mode = TritonMode.INTERPRETED if (interp or not ON_GPU) else TritonMode.COMPILED
+    return DeviceInfo("cuda", f"sim-{capability}", capability, sm_count, 96 << 10, 16 << 30, capability >= (8, 0), mode)
+
+
+def make_paged(lens, page, kv_heads, head_dim, dtype, extra_blocks=3):
+    """Random K/V caches and a block table with shuffled (non-contiguous) blocks and -1 past each end."""
+    need = [(n + page - 1) // page for n in lens]
+    num_blocks = sum(need) + extra_blocks
+    k_cache = torch.randn(num_blocks, page, kv_heads, head_dim, device=DEV).to(dtype)
+    v_cache = torch.randn(num_blocks, page, kv_heads, head_dim, device=DEV).to(dtype)
+    perm = torch.randperm(num_blocks, device=DEV).to(torch.int32)
+    tables = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32, device=DEV)
+    at = 0
+    for i, used in enumerate(need):
+        tables[i, :used] = perm[at : at + used]
+        at += used
+    return k_cache, v_cache, tables
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, float("nan"))
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not torch.isnan(out).any(), "NaN in the output (unwritten or masked-out rows?)"
+    atol, rel = TOL[dtype]
+    diff = (out.double() - ref.double()).abs()
+    err_rel = float(diff.norm() / ref.double().norm().clamp_min(1e-30))
+    assert float(diff.max()) <= atol, f"max abs error {float(diff.max()):.3g} > {atol} ({dtype})"
+    assert err_rel <= rel, f"relative error {err_rel:.3g} > {rel} ({dtype})"

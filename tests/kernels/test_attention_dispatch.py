@@ -1,0 +1,74 @@
+"""Dispatch of the attention ops for every (capability, dtype) pair, the arch tables and the forced backends."""
+
+import pytest
+import torch
+
+import kernels.attention as attention
+from kernels import dispatch, settings
+from kernels.attention import configs
+from kernels.device import TritonMode
+from tests.kernels.attention_helpers import ARCHS, DEV, make_paged, sim_device
+
+OPS = [attention.WRITE_KV, attention.DECODE, attention.PREFILL, attention.VARLEN]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("arch", list(ARCHS), ids=str)
+def test_every_capability_dtype_pair(arch, dtype):
+    device = sim_device(ARCHS[arch], mode=TritonMode.COMPILED)
+    no_bf16 = dtype == torch.bfloat16 and ARCHS[arch] < (8, 0)
+    assert configs.table_for(device).arch == arch
+    for op in OPS:
+        assert dispatch.choose(op, dtype, device, "auto") == ("torch" if no_bf16 else "triton")
+        assert dispatch.choose(op, dtype, device, "torch") == "torch"
+        if no_bf16:
+            with pytest.raises(dispatch.KernelUnavailableError, match="bf16"):
+                dispatch.choose(op, dtype, device, "triton")
+        else:
+            assert dispatch.choose(op, dtype, device, "triton") == "triton"
+    if no_bf16:
+        with pytest.raises(configs.UnsupportedDtypeError, match="float16"):
+            configs.check_dtype(configs.table_for(device), dtype)
+    else:
+        configs.check_dtype(configs.table_for(device), dtype)
+
+
+def test_unknown_archs_take_the_closest_older_table():
+    assert configs.table_for(sim_device((8, 7))).arch == "sm_86"
+    assert configs.table_for(sim_device((12, 0))).arch == "sm_90"
+    assert configs.table_for(sim_device((10, 0))).arch == "sm_90"
+
+
+def test_cpu_runs_the_reference_unless_triton_is_forced():
+    cpu = attention.device_for(torch.empty(1))
+    assert cpu.type == "cpu"
+    assert dispatch.choose(attention.DECODE, torch.float16, cpu, "auto") == "torch"
+    if cpu.triton == TritonMode.UNAVAILABLE:
+        with pytest.raises(dispatch.KernelUnavailableError):
+            dispatch.choose(attention.DECODE, torch.float16, cpu, "triton")
+
+
+def test_bf16_kernel_call_on_pre_ampere_fails_with_a_clear_error():
+    from kernels.attention import decode
+
+    k_cache, v_cache, tables = make_paged([5], 16, 2, 64, torch.bfloat16)
+    q = torch.randn(1, 4, 64, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor([5], dtype=torch.int32, device=DEV)
+    with pytest.raises(configs.UnsupportedDtypeError, match="run the model in float16"):
+        decode.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1, device=sim_device((7, 5)))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_public_decode_follows_the_forced_backend(backend):
+    k_cache, v_cache, tables = make_paged([3, 20], 16, 2, 64, torch.float32)
+    q = torch.randn(2, 4, 64, device=DEV)
+    lens = torch.tensor([3, 20], dtype=torch.int32, device=DEV)
+    before = settings.get_backend()
+    settings.set_backend(backend)
+    try:
+        out = attention.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, num_splits=2)
+    finally:
+        settings.set_backend(before)
+    ref = attention.reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

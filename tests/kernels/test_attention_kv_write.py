@@ -1,0 +1,33 @@
+"""Triton KV write against the torch reference: exact copies, skipped negative slots, untouched other slots."""
+
+import pytest
+import torch
+
+from kernels.attention import kv_write, reference
+from tests.kernels.attention_helpers import DEV, DTYPES
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kv_heads,head_dim,page", [(2, 80, 16), (1, 128, 32), (8, 64, 16)], ids=str)
+def test_kv_write_matches_reference(kv_heads, head_dim, page, dtype):
+    num_blocks = 6
+    tokens = 9
+    k = torch.randn(tokens, kv_heads, head_dim, device=DEV).to(dtype)
+    v = torch.randn(tokens, kv_heads, head_dim, device=DEV).to(dtype)
+    slots = torch.randperm(num_blocks * page, device=DEV)[:tokens]
+    slots[3] = -1  # padding token: skipped
+    caches = [torch.randn(num_blocks, page, kv_heads, head_dim, device=DEV).to(dtype) for _ in range(2)]
+    expected = [c.clone() for c in caches]
+    kv_write.write_kv_cache(k, v, caches[0], caches[1], slots)
+    reference.write_kv_cache(k, v, expected[0], expected[1], slots)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+
+
+def test_kv_write_from_strided_rows():
+    """k/v sliced out of a fused qkv projection (non-contiguous token stride) are written correctly."""
+    qkv = torch.randn(5, 3, 2, 64, device=DEV, dtype=torch.float16)
+    k, v = qkv[:, 1], qkv[:, 2]
+    k_cache = torch.zeros(2, 16, 2, 64, device=DEV, dtype=torch.float16)
+    v_cache = torch.zeros_like(k_cache)
+    kv_write.write_kv_cache(k, v, k_cache, v_cache, torch.arange(5, device=DEV) * 3)
+    assert torch.equal(k_cache.view(-1, 2, 64)[::3][:5], k) and torch.equal(v_cache.view(-1, 2, 64)[::3][:5], v)

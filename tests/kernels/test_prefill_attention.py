@@ -1,0 +1,91 @@
+"""Triton paged prefill/extend and varlen (vision) attention against the float64 torch reference."""
+
+import pytest
+import torch
+
+from kernels.attention import prefill, reference, varlen
+from kernels.attention.configs import TABLES, PrefillConfig
+from tests.kernels.attention_helpers import (
+    ARCHS,
+    DEV,
+    DTYPES,
+    ON_GPU,
+    assert_close,
+    make_paged,
+    poisoned_like,
+    sim_device,
+)
+
+# CPU: 16x16 tiles so tiny sequences still span several query and key tiles; GPU: the device's own table.
+SMALL = None if ON_GPU else PrefillConfig(16, 16, 4, 1)
+KV_HEADS = 8 if ON_GPU else 2
+
+
+def _batch(page):
+    """(kv_len, new tokens): fresh, one new token after a prefix, a chunk after a prefix, page - 1 fresh."""
+    if ON_GPU:
+        return [(700, 700), (3 * page + 1, 1), (2100, 1000), (page - 1, page - 1)]
+    return [(5, 5), (page + 1, 1), (2 * page + 3, page + 2), (page - 1, page - 1)]
+
+
+def _run(group, head_dim, dtype, page, causal=True, window=None, softcap=0.0, device=None, config=SMALL):
+    pairs = _batch(page)
+    lens = [kv for kv, _ in pairs]
+    kv_heads = KV_HEADS if ON_GPU or group < 8 else 1
+    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    new = [n for _, n in pairs]
+    cu = torch.tensor([0] + new, device=DEV).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
+    out = poisoned_like(q)
+    args = (tables, cu, seq_lens, head_dim**-0.5, max(new), causal, window, softcap)
+    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, device=device, config=config, out=out)
+    ref = reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
+    return out, ref
+
+
+CASES = [  # group, head_dim, page, dtype on CPU
+    (1, 64, 16, torch.float16),
+    (4, 80, 16, torch.float32),
+    (8, 128, 32, torch.float16),
+    (4, 128, 16, torch.float32),
+]
+PARAMS = [(*case[:3], dtype) for case in CASES for dtype in DTYPES] if ON_GPU else CASES
+
+
+@pytest.mark.parametrize("group,head_dim,page,dtype", PARAMS, ids=str)
+def test_prefill_with_prefix_matches_reference(group, head_dim, page, dtype):
+    out, ref = _run(group, head_dim, dtype, page)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize(
+    "causal,window,softcap",
+    [(True, 7, 0.0), (True, 40, 0.0), (True, None, 3.0), (False, None, 0.0)],
+    ids=["window7", "window40", "softcap3", "non-causal"],
+)
+def test_prefill_window_softcap_noncausal(causal, window, softcap):
+    out, ref = _run(4, 64, torch.float16, 16, causal, window, softcap)
+    assert_close(out, ref, torch.float16)
+
+
+# On CPU the interpreter ignores warps and stages, so only the archs with their own block sizes run there.
+@pytest.mark.parametrize("arch", list(ARCHS) if ON_GPU else ["sm_70", "sm_75", "sm_86"], ids=str)
+def test_prefill_every_arch_config_runs_here(arch):
+    out, ref = _run(4, 128, torch.float16, 16, device=sim_device(ARCHS[arch]), config=TABLES[arch].prefill_config(128))
+    assert_close(out, ref, torch.float16)
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (80, torch.float32), (128, torch.float16)], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_matches_reference(head_dim, dtype, causal):
+    lens = [1, 17, 64] if not ON_GPU else [1, 257, 1024, 4096]  # one image per sequence
+    cu = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+    heads, kv_heads = (4, 4) if head_dim != 128 else (4, 2)
+    q = torch.randn(sum(lens), heads, head_dim, device=DEV).to(dtype)
+    k = torch.randn(sum(lens), kv_heads, head_dim, device=DEV).to(dtype)
+    v = torch.randn(sum(lens), kv_heads, head_dim, device=DEV).to(dtype)
+    out = poisoned_like(q)
+    varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, config=SMALL, out=out)
+    ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
+    assert_close(out, ref, dtype)
