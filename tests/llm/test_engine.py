@@ -1,0 +1,146 @@
+"""The engine end to end on a tiny random Llama (fp32, CPU) against transformers' greedy tokens.
+
+Eight prompts of different lengths must give exactly transformers' 16 greedy
+tokens: in one batch, one at a time, with prefix-cache hits, with chunked prefill
+(budget smaller than the prompts) and with a KV pool so small that sequences are
+preempted and recomputed. Then stop conditions, seeds, n > 1 and logprobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm import LLM, SamplingParams
+from tests.llm.tiny import hf_greedy, load_hf_model, make_tiny_llama
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! How are you today?",
+    "Paged attention stores keys and values in fixed-size blocks, block after block.",
+    "0123456789 + 42",
+    "A vision-language model answers questions about images. Once upon a time there was a small engine.",
+    "café",
+    "user: describe the picture.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("engine"))
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tok.encode(t) for t in TEXTS]
+    assert len({len(p) for p in ids}) == len(ids), "the prompts should differ in length"
+    return ids
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, prompts):
+    hf = load_hf_model(model_dir)
+    return [hf_greedy(hf, p, 16) for p in prompts]
+
+
+def make_llm(model_dir, **options) -> LLM:
+    options = {"block_size": 4, "num_blocks": 256, **options}
+    return LLM(str(model_dir), dtype="float32", device="cpu", **options)
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [o.token_ids for o in outputs]
+
+
+def test_batch_and_one_at_a_time_equal_transformers(model_dir, prompts, reference):
+    llm = make_llm(model_dir, enable_prefix_caching=False)
+    assert tokens(llm.generate(prompts, GREEDY)) == reference
+    singles = [llm.generate([p], GREEDY)[0].token_ids for p in prompts]
+    assert singles == reference
+
+
+def test_prefix_cache_hits_give_the_same_tokens(model_dir, prompts, reference):
+    llm = make_llm(model_dir)
+    first = llm.generate(prompts, GREEDY)
+    second = llm.generate(prompts, GREEDY)
+    assert tokens(first) == tokens(second) == reference
+    assert sum(o.num_cached_tokens for o in second) > sum(o.num_cached_tokens for o in first)
+    assert all(o.num_cached_tokens >= 4 * ((len(p) - 1) // 4) for o, p in zip(second, prompts, strict=True))
+
+
+def test_chunked_prefill_gives_the_same_tokens(model_dir, prompts, reference):
+    llm = make_llm(model_dir, max_num_batched_tokens=8, max_num_seqs=8, enable_prefix_caching=False)
+    assert max(len(p) for p in prompts) > 8
+    assert tokens(llm.generate(prompts, GREEDY)) == reference
+
+
+def test_tiny_kv_pool_preempts_and_gives_the_same_tokens(model_dir, prompts, reference):
+    llm = make_llm(model_dir, num_blocks=20, max_num_batched_tokens=32)
+    assert tokens(llm.generate(prompts, GREEDY)) == reference
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.num_free_blocks() == 20
+
+
+def test_stop_conditions_and_finish_reasons(model_dir, prompts):
+    llm = make_llm(model_dir)
+    full = llm.generate([prompts[1]], GREEDY)[0]
+    text, ids = full.text, full.token_ids
+    assert full.finish_reason == "length" and len(ids) == 16
+    assert llm.tokenizer.decode(ids, skip_special_tokens=True).startswith(text)
+
+    stop_id = ids[5]
+    by_id = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_id]))[0]
+    assert by_id.token_ids == ids[: ids.index(stop_id) + 1] and by_id.finish_reason == "stop"
+    assert by_id.outputs[0].stop_reason == stop_id
+
+    start = next(i for i in range(2, len(text) - 2) if "\ufffd" not in text[i : i + 2])
+    stop = text[start : start + 2]
+    by_str = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=16, stop=[stop]))[0]
+    assert by_str.finish_reason == "stop" and by_str.text == text[: text.find(stop)]
+    assert by_str.outputs[0].stop_reason == stop
+
+    shorter = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=5))[0]
+    assert shorter.token_ids == ids[:5] and shorter.finish_reason == "length"
+
+
+def test_eos_ends_generation_unless_ignored(model_dir, prompts):
+    llm = make_llm(model_dir)
+    eos = llm.tokenizer.eos_token_id
+    # make EOS the greedy choice at once by using it as the only allowed token via a huge penalty elsewhere:
+    # simpler and exact: treat the 3rd greedy token as EOS through stop_token_ids vs ignore_eos
+    ids = llm.generate([prompts[2]], GREEDY)[0].token_ids
+    llm.engine.eos_token_ids.append(ids[2])
+    stopped = llm.generate([prompts[2]], SamplingParams(temperature=0, max_tokens=16))[0]
+    ignored = llm.generate([prompts[2]], GREEDY)[0]
+    assert stopped.token_ids == ids[:3] and stopped.finish_reason == "stop" and stopped.outputs[0].stop_reason is None
+    assert ignored.token_ids == ids
+    assert eos in llm.engine.eos_token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_n_completions_differ(model_dir, prompts):
+    llm = make_llm(model_dir)
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True, n=3)
+    a = llm.generate([prompts[3]], p)[0]
+    b = llm.generate([prompts[3]], p)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1
+    one = llm.generate([prompts[3]], SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True))
+    assert one[0].token_ids == a.outputs[0].token_ids  # completion i uses seed + i
+
+
+def test_logprobs_match_transformers(model_dir, prompts, reference):
+    llm = make_llm(model_dir)
+    out = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2))[0]
+    hf = load_hf_model(model_dir)
+    ids = prompts[0] + reference[0][:3]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0, len(prompts[0]) - 1 :], dim=-1)
+    for step, entry in enumerate(out.outputs[0].logprobs):
+        token = reference[0][step]
+        assert list(entry)[0] == token and len(entry) == 2
+        assert entry[token] == pytest.approx(ref[step, token].item(), abs=1e-4)

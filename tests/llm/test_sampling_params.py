@@ -1,0 +1,61 @@
+"""SamplingParams and EngineConfig validation: bad values raise InvalidRequestError naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.config import CacheConfig, EngineConfig, SchedulerConfig
+from llm.errors import InvalidRequestError
+from llm.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(n=0), "n"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_k=-2), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(min_p=1.5), "min_p"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(presence_penalty=3.0), "presence_penalty"),
+        (dict(frequency_penalty=-2.5), "frequency_penalty"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(min_tokens=5, max_tokens=3), "min_tokens"),
+        (dict(logprobs=50), "logprobs"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_invalid_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(InvalidRequestError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_normalisation():
+    p = SamplingParams(stop="END", top_k=0, temperature=0)
+    assert p.stop == ["END"] and p.top_k == -1 and p.greedy and not p.uses_penalties
+
+
+def test_engine_options_route_to_their_sub_config(tmp_path):
+    cfg = EngineConfig.from_options(str(tmp_path), max_num_seqs=3, num_blocks=7, enforce_eager=True)
+    assert cfg.scheduler.max_num_seqs == 3 and cfg.cache.num_blocks == 7 and cfg.enforce_eager
+    assert cfg.tokenizer == str(tmp_path) and cfg.served_model_name == tmp_path.name
+    with pytest.raises(InvalidRequestError, match="unknown engine option 'max_seqs'"):
+        EngineConfig.from_options(str(tmp_path), max_seqs=3)
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda p: EngineConfig(str(p / "missing")), "does not exist"),
+        (lambda p: EngineConfig(str(p), dtype="fp8"), "dtype"),
+        (lambda p: CacheConfig(block_size=12), "block_size"),
+        (lambda p: CacheConfig(cache_fraction=1.5), "cache_fraction"),
+        (lambda p: SchedulerConfig(max_num_seqs=0), "max_num_seqs"),
+    ],
+    ids=["model", "dtype", "block_size", "cache_fraction", "max_num_seqs"],
+)
+def test_invalid_config(tmp_path, build, field):
+    with pytest.raises(InvalidRequestError, match=field):
+        build(tmp_path)

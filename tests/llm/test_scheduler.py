@@ -1,0 +1,113 @@
+"""Scheduler policy on plain sequences (no model): token budget, chunking, max_num_seqs, preemption."""
+
+from __future__ import annotations
+
+from llm.config import SchedulerConfig
+from llm.engine.block_manager import BlockManager
+from llm.engine.scheduler import Scheduler
+from llm.engine.sequence import Sequence, SequenceStatus
+from llm.inputs import MultiModalPrompt
+from llm.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make(num_blocks=64, **cfg):
+    return Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, BS))
+
+
+def seq(n, start=0):
+    return Sequence("r", MultiModalPrompt(list(range(start, start + n))), SamplingParams(), BS)
+
+
+def run_step(sched: Scheduler, token=1) -> list[Sequence]:
+    """One engine step without a model: schedule, mark computed, append a token where a row samples."""
+    seqs = sched.schedule()
+    sampling = [s for s in seqs if s.samples_this_step]
+    sched.update(seqs)
+    for s in sampling:
+        s.append_token(token)
+    return seqs
+
+
+def test_budget_chunks_a_long_prompt_and_mixes_decodes():
+    sched = make(max_num_batched_tokens=8)
+    short, long = seq(3), seq(20, start=100)
+    sched.add(short)
+    sched.add(long)
+    first = run_step(sched)
+    assert [s.num_computed_tokens for s in first] == [3, 5]  # 3 + 5 = budget; long is chunked
+    assert short.num_output_tokens == 1 and long.num_output_tokens == 0
+    second = sched.schedule()
+    assert second == [short, long]
+    assert short.num_new_tokens == 1 and long.num_new_tokens == 7  # decode first, then the next chunk
+    assert not long.samples_this_step
+
+
+def test_without_chunking_a_prompt_waits_for_a_step_with_room():
+    sched = make(max_num_batched_tokens=8, enable_chunked_prefill=False)
+    a, b = seq(6), seq(6, start=50)
+    sched.add(a)
+    sched.add(b)
+    assert sched.schedule() == [a]
+
+
+def test_max_num_seqs_caps_running_sequences():
+    sched = make(max_num_seqs=2)
+    seqs = [seq(3, start=10 * i) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    assert run_step(sched) == seqs[:2]
+    assert list(sched.waiting) == [seqs[2]]
+    sched.finish(seqs[0])
+    assert run_step(sched) == [seqs[1], seqs[2]]
+
+
+def test_preemption_frees_the_newest_sequence_and_requeues_it_first():
+    sched = make(num_blocks=4)
+    a, b = seq(4), seq(4, start=50)  # one block each, full
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)  # both prefilled; each got a token that needs a second block
+    run_step(sched)  # a and b take blocks 3 and 4
+    for _ in range(3):
+        run_step(sched)  # fill the second blocks: len 8 each
+    assert len(a) == 9 and sched.block_manager.num_free_blocks == 0
+    scheduled = sched.schedule()  # a needs a third block: b is preempted
+    assert scheduled == [a]
+    assert b.status == SequenceStatus.WAITING and b.block_table == [] and sched.waiting[0] is b
+    assert sched.num_preemptions == 1
+    sched.update(scheduled)
+    sched.finish(a)
+    again = sched.schedule()  # b comes back with all of its tokens (prompt + output) to recompute
+    assert again == [b] and b.num_new_tokens + b.num_computed_tokens == len(b) == 9
+
+
+def test_single_sequence_preempts_itself_when_nothing_else_can_go():
+    sched = make(num_blocks=2)
+    a = seq(8)
+    sched.add(a)
+    run_step(sched)  # 8 tokens in 2 blocks + 1 sampled token needs a third
+    assert sched.schedule() == []
+    assert a.status == SequenceStatus.WAITING and sched.block_manager.num_free_blocks == 2
+
+
+def test_prefix_cache_hit_skips_cached_tokens():
+    sched = make()
+    a = seq(10)
+    sched.add(a)
+    run_step(sched)
+    b = seq(10)
+    sched.add(b)
+    sched.schedule()
+    assert b.num_computed_tokens == 8 and b.num_new_tokens == 2 and b.num_cached_prompt_tokens == 8
+
+
+def test_finish_releases_blocks_at_once():
+    sched = make(num_blocks=8)
+    a = seq(9)
+    sched.add(a)
+    run_step(sched)
+    assert sched.block_manager.num_free_blocks == 5
+    sched.finish(a)
+    assert sched.block_manager.num_free_blocks == 8 and not sched.has_unfinished()
