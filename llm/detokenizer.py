@@ -1,0 +1,128 @@
+"""Incremental detokenization: token ids in, text deltas out, never a broken character.
+
+Decoding token by token is wrong in two ways: a multi-byte character split over
+two byte-level tokens decodes to U+FFFD halves, and SentencePiece drops the
+leading space of a word that starts a decode. So each step decodes a short
+window, the tokens since the last released text plus the few before them, and
+releases only the new text, and only once it no longer ends in U+FFFD.
+
+Stop strings: text that could be the start of a stop string is held back until
+it either completes the stop string (generation stops; the text ends before it,
+or after it with `include_stop_str_in_output`) or stops matching it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Prompt tokens kept as left context of the first decode window.
+PROMPT_CONTEXT = 6
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns one sequence's generated tokens into text, one delta per call.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (anything with `decode(ids, skip_special_tokens=...)`).
+        prompt_token_ids: the prompt, whose last tokens give the first output token its context.
+        stop: stop strings.
+        include_stop_str_in_output: keep the matched stop string at the end of the text.
+        skip_special_tokens: leave special tokens (BOS, EOS, ...) out of the text.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = [s for s in stop if s]
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self._ids = list(prompt_token_ids)[-PROMPT_CONTEXT:]
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._text = ""  # decoded so far, released or held back
+        self._released = 0  # chars of _text handed out
+        self.stop_string: str | None = None  # the stop string that ended the text, if any
+
+    @property
+    def text(self) -> str:
+        """The text released so far."""
+        return self._text[: self._released]
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add_token(self, token_id: int, check_stop: bool = True) -> str:
+        """Add one generated token; return the newly released text ("" while a character or stop match is open).
+
+        `check_stop=False` (e.g. before min_tokens) does not end on a stop string but still holds back its start.
+        """
+        if self.stopped:
+            return ""
+        self._ids.append(int(token_id))
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR):
+            self._text += new_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+        return self._release(check_stop, final=False)
+
+    def flush(self) -> str:
+        """At the end of generation: release whatever is still held back (an unfinished character too)."""
+        if self.stopped:
+            return ""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        self._text += new_text[len(prefix_text) :]
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return self._release(check_stop=True, final=True)
+
+    def _release(self, check_stop: bool, final: bool) -> str:
+        start = self._released
+        end = len(self._text)
+        if self.stop:
+            if check_stop:
+                found = self._find_stop()
+                if found is not None:
+                    index, stop = found
+                    self.stop_string = stop
+                    cut = max(start, index + (len(stop) if self.include_stop_str_in_output else 0))
+                    self._text = self._text[:cut]
+                    self._released = cut
+                    return self._text[start:cut]
+            if not final:
+                end = max(start, end - self._partial_stop_len())
+        self._released = end
+        return self._text[start:end]
+
+    def _find_stop(self) -> tuple[int, str] | None:
+        longest = max(len(s) for s in self.stop)
+        search_from = max(0, self._released - longest + 1)
+        best: tuple[int, str] | None = None
+        for stop in self.stop:
+            index = self._text.find(stop, search_from)
+            if index >= 0 and (best is None or index < best[0]):
+                best = (index, stop)
+        return best
+
+    def _partial_stop_len(self) -> int:
+        """Length of the longest end of the text that is a proper prefix of a stop string."""
+        unreleased = self._text[self._released :]
+        best = 0
+        for stop in self.stop:
+            for n in range(min(len(stop) - 1, len(unreleased)), best, -1):
+                if unreleased.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

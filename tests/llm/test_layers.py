@@ -1,0 +1,173 @@
+"""Decoder layers against explicit torch formulas (fp32, CPU).
+
+The attention layer is driven through the per-step metadata exactly as the
+model runner drives it (a chunked prefill, a mixed prefill step, a decode step)
+and compared with softmax attention over each sequence's full history written
+out by hand, for plain, sliding-window and soft-capped attention with GQA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llm.engine.context import AttentionMetadata, use_context
+from llm.errors import UnsupportedModelError
+from llm.layers.activation import get_act_and_mul
+from llm.layers.attention import Attention
+from llm.layers.embedding import LMHead, VocabEmbedding
+from llm.layers.linear import MergedLinear, QKVLinear
+from llm.layers.norm import RMSNorm
+from tests.llm.paged import PagedCache
+
+ATOL = 1e-5
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
+
+
+def naive_attention(q, k, v, scale, sliding_window=None, softcap=0.0):
+    """Causal attention of one whole sequence: q [n, heads, d], k/v [n, kv_heads, d] -> [n, heads, d]."""
+    n = q.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    pos = torch.arange(n)
+    visible = pos[None, :] <= pos[:, None]
+    if sliding_window:
+        visible &= pos[None, :] > pos[:, None] - sliding_window
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+class _OneLayer(torch.nn.Module):
+    """Feeds precomputed q/k/v rows (selected by input ids) through one Attention, as a model would."""
+
+    def __init__(self, attn: Attention, q, k, v) -> None:
+        super().__init__()
+        self.attn, self.q, self.k, self.v = attn, q, k, v
+
+    def forward(self, rows, positions):
+        return self.attn(self.q[rows], self.k[rows], self.v[rows])
+
+    def compute_logits(self, out):
+        return out
+
+
+@pytest.mark.parametrize(
+    "sliding_window,softcap", [(None, 0.0), (5, 0.0), (None, 2.0)], ids=["plain", "window5", "softcap2"]
+)
+def test_paged_attention_steps_match_naive(sliding_window, softcap):
+    torch.manual_seed(0)
+    lens = [14, 9]  # sequence 0 is prefilled in two chunks (6 + 7), decoded once; sequence 1 whole, decoded once
+    total = sum(lens)
+    q = torch.randn(total, HEADS, HEAD_DIM)
+    k = torch.randn(total, KV_HEADS, HEAD_DIM)
+    v = torch.randn(total, KV_HEADS, HEAD_DIM)
+    scale = HEAD_DIM**-0.5
+    layer = _OneLayer(Attention(HEADS, HEAD_DIM, scale, KV_HEADS, sliding_window, softcap), q, k, v)
+    cache = PagedCache(layer, num_blocks=16, block_size=4)
+    a = list(range(lens[0]))  # row ids of sequence 0
+    b = list(range(lens[0], total))
+    out_chunk1 = cache.step(layer, [(0, a[:6])])
+    out_mixed = cache.step(layer, [(0, a[6:13]), (1, b[:8])])  # prefill: a chunk over a cached prefix + a prompt
+    out_decode = cache.step(layer, [(0, a[13:]), (1, b[8:])])  # decode: one token each
+    ref_a = naive_attention(q[a], k[a], v[a], scale, sliding_window, softcap)
+    ref_b = naive_attention(q[b], k[b], v[b], scale, sliding_window, softcap)
+    torch.testing.assert_close(out_chunk1, ref_a[:6], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out_mixed, torch.cat([ref_a[6:13], ref_b[:8]]), atol=ATOL, rtol=0)
+    torch.testing.assert_close(out_decode, torch.stack([ref_a[13], ref_b[8]]), atol=ATOL, rtol=0)
+
+
+def test_attention_without_context_or_cache_is_causal_per_sequence():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(10, HEADS, HEAD_DIM), torch.randn(10, KV_HEADS, HEAD_DIM), torch.randn(10, KV_HEADS, HEAD_DIM)
+    attn = Attention(HEADS, HEAD_DIM, 0.3, KV_HEADS)
+    torch.testing.assert_close(attn(q, k, v), naive_attention(q, k, v, 0.3), atol=ATOL, rtol=0)
+    meta = AttentionMetadata(  # a profiling pass: metadata for two prompts, no cache allocated yet
+        is_prefill=True,
+        slot_mapping=torch.full((10,), -1),
+        block_tables=torch.zeros(2, 1, dtype=torch.int32),
+        seq_lens=torch.tensor([4, 6], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
+        max_seqlen_q=6,
+    )
+    with use_context(meta):
+        out = attn(q, k, v)
+    expected = torch.cat([naive_attention(q[:4], k[:4], v[:4], 0.3), naive_attention(q[4:], k[4:], v[4:], 0.3)])
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+
+
+def test_metadata_rejects_inconsistent_steps():
+    common = dict(slot_mapping=torch.zeros(3, dtype=torch.int64), block_tables=torch.zeros(3, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="prefill step needs cu_seqlens_q"):
+        AttentionMetadata(is_prefill=True, seq_lens=torch.ones(3, dtype=torch.int32), **common)
+    with pytest.raises(ValueError, match="same batch as block_tables"):
+        AttentionMetadata(is_prefill=False, seq_lens=torch.ones(2, dtype=torch.int32), **common)
+    with pytest.raises(ValueError, match="num_splits"):
+        AttentionMetadata(is_prefill=False, seq_lens=torch.ones(3, dtype=torch.int32), num_splits=0, **common)
+
+
+def test_qkv_and_merged_linear_place_each_piece():
+    torch.manual_seed(2)
+    hidden = 16
+    wq, wk, wv = torch.randn(HEADS * HEAD_DIM, hidden), torch.randn(KV_HEADS * HEAD_DIM, hidden), torch.randn(16, 16)
+    bq, bk, bv = torch.randn(32), torch.randn(16), torch.randn(16)
+    qkv = QKVLinear(hidden, HEAD_DIM, HEADS, KV_HEADS, bias=True)
+    assert qkv.weight.shards == ("q", "k", "v")
+    for shard, w, b in (("v", wv, bv), ("q", wq, bq), ("k", wk, bk)):  # any order
+        qkv.weight.weight_loader(qkv.weight, w, shard)
+        qkv.bias.weight_loader(qkv.bias, b, shard)
+    x = torch.randn(5, hidden)
+    q, k, v = qkv.split(qkv(x))
+    torch.testing.assert_close(q, F.linear(x, wq, bq).view(5, HEADS, HEAD_DIM))
+    torch.testing.assert_close(k, F.linear(x, wk, bk).view(5, KV_HEADS, HEAD_DIM))
+    torch.testing.assert_close(v, F.linear(x, wv, bv).view(5, KV_HEADS, HEAD_DIM))
+    with pytest.raises(ValueError, match=r"piece 'k'.*checkpoint \(8, 16\) vs model \(16, 16\)"):
+        qkv.weight.weight_loader(qkv.weight, torch.zeros(8, hidden), "k")
+
+    gate, up = torch.randn(24, hidden), torch.randn(24, hidden)
+    gate_up = MergedLinear(hidden, [24, 24])
+    gate_up.weight.weight_loader(gate_up.weight, up, 1)
+    gate_up.weight.weight_loader(gate_up.weight, gate, 0)
+    act = get_act_and_mul("silu")
+    torch.testing.assert_close(act(gate_up(x)), F.silu(x @ gate.T) * (x @ up.T))
+
+
+def test_gelu_tanh_and_unknown_activation():
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(get_act_and_mul("gelu_pytorch_tanh")(x), F.gelu(x[:, :4], approximate="tanh") * x[:, 4:])
+    with pytest.raises(UnsupportedModelError, match="hidden_act='relu2' is not supported; supported: gelu"):
+        get_act_and_mul("relu2")
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma-offset"])
+def test_rms_norm_with_fused_residual(offset):
+    torch.manual_seed(3)
+    norm = RMSNorm(16, eps=1e-6, weight_offset=offset)
+    norm.weight.copy_(torch.randn(16))
+    x, residual = torch.randn(4, 16), torch.randn(4, 16)
+    s = x + residual
+    expected = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * (norm.weight + offset)
+    out, new_residual = norm(x, residual)
+    torch.testing.assert_close(new_residual, s)
+    torch.testing.assert_close(out, expected)
+    heads = torch.randn(4, 3, 16)  # q/k norms: any leading shape, normalised per head
+    torch.testing.assert_close(norm(heads)[:, 1], norm(heads[:, 1].contiguous()))
+
+
+def test_embedding_scale_and_tied_softcapped_head():
+    torch.manual_seed(4)
+    emb = VocabEmbedding(10, 8, scale=8**0.5)
+    emb.weight.copy_(torch.randn(10, 8))
+    ids = torch.tensor([3, 0, 9])
+    torch.testing.assert_close(emb(ids), emb.weight[ids] * 8**0.5)
+    head = LMHead(10, 8, softcap=5.0)
+    head.tie(emb)
+    assert head.weight.data_ptr() == emb.weight.data_ptr()
+    hidden = torch.randn(2, 8, dtype=torch.float32) * 10
+    logits = head(hidden)
+    torch.testing.assert_close(logits, 5.0 * torch.tanh(hidden @ emb.weight.T / 5.0))
+    assert logits.abs().max() <= 5.0
+    assert LMHead(10, 8).to(torch.bfloat16)(hidden.bfloat16()).dtype == torch.float32
