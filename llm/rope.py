@@ -267,6 +267,13 @@ class RotaryEmbedding(nn.Module):
                 self._long = long
                 self._rebuild(self.max_position)
 
+    def extend(self, max_position: int) -> None:
+        """Grow the table to cover positions < max_position (an engine max_model_len above the config's)."""
+        if max_position > self.max_position:
+            self.max_position = max_position
+            device = self.cos_sin_cache.device
+            self.cos_sin_cache = _cos_sin(self.inv_freq, max_position, self.attention_scaling, device)
+
     def _rebuild(self, rows: int) -> None:
         cache = self.cos_sin_cache
         cache[:rows].copy_(_cos_sin(self.inv_freq, rows, self.attention_scaling, cache.device))
@@ -318,10 +325,19 @@ def get_rope(
     return _shared_rope(head_dim, rotary_dim, max_position, params_json, dtype, is_neox)
 
 
+def _ropes(model: nn.Module) -> list[RotaryEmbedding]:
+    unique = {id(m): m for m in model.modules() if isinstance(m, RotaryEmbedding)}
+    return list(unique.values())
+
+
+def extend_rope_tables(model: nn.Module, max_position: int) -> None:
+    """Called once by the model runner after loading, with the engine's max_model_len."""
+    for rope in _ropes(model):
+        rope.extend(max_position)
+
+
 def update_rope_for_length(model: nn.Module, seq_len: int) -> None:
     """Called by the model runner before each forward with max(position) + 1 over the batch."""
-    seen = set()
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding) and module.needs_length_update and id(module) not in seen:
-            seen.add(id(module))
-            module.update_for_length(seq_len)
+    for rope in _ropes(model):
+        if rope.needs_length_update:
+            rope.update_for_length(seq_len)

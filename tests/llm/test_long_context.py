@@ -139,3 +139,8 @@ def test_request_that_can_never_fit_the_kv_pool_is_rejected_up_front(model_dirs)
     with pytest.raises(InvalidRequestError, match="can never fit"):
         llm.generate([_prompt(120)], SamplingParams(max_tokens=16))
     assert llm.engine.num_free_blocks() == 8  # nothing was held by the rejected request
+
+
+def test_max_model_len_override_above_the_config_extends_the_rope_table(model_dirs, hf_tokens):
+    llm = _engine(model_dirs["linear"], max_model_len=1040)  # the config supports 1024
+    assert llm.generate([_prompt(1030)], GREEDY)[0].token_ids == hf_tokens("linear", 1030, 1, NEW_TOKENS)

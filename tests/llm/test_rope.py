@@ -9,6 +9,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from llm.rope import (
     RotaryEmbedding,
     compute_inv_freq,
+    extend_rope_tables,
     get_rope,
     max_model_len_from_config,
     rope_parameters_from_config,
@@ -245,3 +246,16 @@ def test_static_ropes_are_shared_and_dynamic_ones_are_not():
 def test_unknown_type_is_rejected():
     with pytest.raises(ValueError, match="unsupported RoPE type"):
         rope_parameters_from_config({"max_position_embeddings": 8, "rope_scaling": {"type": "xpos"}})
+
+
+@pytest.mark.parametrize("case", ["yarn-4", "dynamic-2"])
+def test_extend_grows_the_table_with_the_same_rows(case):
+    params = rope_parameters_from_config(_config(CASES[case][0], CASES[case][1], 10000.0))
+    model = torch.nn.Sequential(RotaryEmbedding(HEAD_DIM, HEAD_DIM, 64, params, torch.float32))
+    before = model[0].cos_sin_cache.clone()
+    extend_rope_tables(model, 300)
+    assert model[0].cos_sin_cache.shape == (300, HEAD_DIM)
+    assert torch.equal(model[0].cos_sin_cache[:64], before)
+    assert torch.equal(
+        model[0].cos_sin_cache, RotaryEmbedding(HEAD_DIM, HEAD_DIM, 300, params, torch.float32).cos_sin_cache
+    )
