@@ -94,6 +94,8 @@ def normalize_prompt(
     if isinstance(prompt, MultiModalPrompt):
         return prompt
     if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty; send at least one character")
         return MultiModalPrompt(token_ids=list(tokenizer.encode(prompt)), text=prompt)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer) if tokenizer is not None else None

@@ -1,0 +1,101 @@
+"""AsyncEngine: streamed deltas add up to the offline result; concurrency; abort and disconnect free blocks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llm import LLM, AsyncEngine, EngineConfig, SamplingParams
+from llm.errors import InvalidRequestError, PromptTooLongError
+from tests.llm.tiny import make_tiny_llama
+
+NUM_BLOCKS = 64
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPTS = ["Hi", "The quick brown fox", "Hello world! How are you?", "café 😀"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("async"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    config = EngineConfig.from_options(
+        str(model_dir), dtype="float32", device="cpu", num_blocks=NUM_BLOCKS, block_size=4
+    )
+    engine = AsyncEngine.from_config(config)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=NUM_BLOCKS, block_size=4)
+    return llm.generate(PROMPTS, GREEDY)
+
+
+async def collect(engine, request_id, prompt, params=GREEDY):
+    outs = [out async for out in engine.generate(request_id, prompt, params)]
+    return outs
+
+
+async def test_concurrent_streams_equal_offline_generation(engine, offline):
+    results = await asyncio.gather(*(collect(engine, f"c{i}", p) for i, p in enumerate(PROMPTS)))
+    for outs, ref in zip(results, offline, strict=True):
+        final = outs[-1]
+        assert final.finished and final.token_ids == ref.token_ids and final.text == ref.text
+        assert not any(o.finished for o in outs[:-1])
+        assert "".join(o.outputs[0].delta_text for o in outs) == ref.text
+        assert sum((o.outputs[0].delta_token_ids for o in outs), []) == ref.token_ids
+    assert engine.num_free_blocks() == NUM_BLOCKS
+
+
+async def test_abort_ends_the_stream_and_frees_blocks_at_once(engine):
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    stream = engine.generate("long", "The quick brown fox", long)
+    first = await stream.__anext__()
+    assert not first.finished and engine.num_free_blocks() < NUM_BLOCKS
+    await engine.abort("long")
+    assert engine.num_free_blocks() == NUM_BLOCKS
+    rest = [out async for out in stream]
+    assert rest[-1].finished and rest[-1].finish_reason == "abort"
+    assert len(rest[-1].token_ids) < 200
+
+
+async def test_leaving_the_stream_early_aborts_the_request(engine):
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    stream = engine.generate("gone", "Hello world!", long)
+    async for _ in stream:
+        break
+    await stream.aclose()  # what a server does when the client disconnects
+    assert engine.num_free_blocks() == NUM_BLOCKS and not engine.engine.has_unfinished()
+    again = await collect(engine, "gone", "Hi")  # the id is free again
+    assert again[-1].finished
+
+
+async def test_errors_reach_the_caller_and_leave_the_engine_serving(engine):
+    with pytest.raises(PromptTooLongError):
+        await collect(engine, "too-long", [5] * 600, SamplingParams(max_tokens=8))
+    with pytest.raises(InvalidRequestError, match="empty"):
+        await collect(engine, "empty", "")
+    outs = await collect(engine, "after", "Hi")
+    assert outs[-1].finished and engine.max_model_len == 512 and engine.model_name == "tiny-llama"
+
+
+async def test_the_event_loop_stays_responsive_while_generating(engine):
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await collect(engine, "busy", "The quick brown fox", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    done.set()
+    await task
+    assert ticks > 24  # the loop ran other work between (and during) engine steps
