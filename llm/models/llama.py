@@ -46,6 +46,9 @@ class DecoderSpec:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     sliding_windows: list[int | None] = field(default_factory=list)  # per layer; [] = none
+    attn_scale: float = 0.0  # 0 = head_dim ** -0.5
+    attn_softcap: float = 0.0  # > 0: scores capped with softcap * tanh(score / softcap)
+    norm_weight_offset: float = 0.0  # 1.0: Gemma's (1 + weight) RMSNorms
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -53,6 +56,7 @@ class DecoderSpec:
                 f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
             )
         self.rotary_dim = self.rotary_dim or self.head_dim
+        self.attn_scale = self.attn_scale or self.head_dim**-0.5
         if not self.sliding_windows:
             self.sliding_windows = [None] * self.num_layers
         if len(self.sliding_windows) != self.num_layers:
@@ -83,12 +87,14 @@ class LlamaAttention(nn.Module):
         self.q_size = spec.num_heads * spec.head_dim
         self.qkv_proj = QKVLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias)
         self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias)
-        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        norm_args = (spec.head_dim, spec.rms_norm_eps, spec.norm_weight_offset)
+        self.q_norm = RMSNorm(*norm_args) if spec.qk_norm else None
+        self.k_norm = RMSNorm(*norm_args) if spec.qk_norm else None
         self.rotary_emb = rotary_emb
         self.attn = Attention(
-            spec.num_heads, spec.head_dim, spec.head_dim**-0.5, spec.num_kv_heads, spec.sliding_windows[layer_idx]
-        )
+            spec.num_heads, spec.head_dim, spec.attn_scale, spec.num_kv_heads,
+            spec.sliding_windows[layer_idx], spec.attn_softcap,
+        )  # fmt: skip
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [tokens, hidden] -> [tokens, hidden]
@@ -118,8 +124,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(spec, layer_idx, rotary_emb)
         self.mlp = LlamaMLP(spec)
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_weight_offset)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_weight_offset)
 
     def forward(self, positions, hidden, residual):
         # the residual stream is carried separately so each norm fuses the add before it
@@ -138,7 +144,7 @@ class LlamaModel(nn.Module):
         rotary_emb = get_rope(spec.head_dim, spec.rotary_dim, spec.max_position, spec.rope_parameters, dtype)
         self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i, rotary_emb) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_weight_offset)
 
     def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [tokens, hidden]
