@@ -131,7 +131,17 @@ def _exponents(dim: int) -> torch.Tensor:
 
 
 def compute_inv_freq(params: dict, head_dim: int, rotary_dim: int, seq_len=None) -> tuple[torch.Tensor, float]:
-    """(inv_freq [rotary_dim / 2] fp32 on the CPU, attention_scaling) for one RoPE type, as transformers computes."""
+    """(inv_freq [rotary_dim / 2] fp32 on the CPU, attention_scaling) for one RoPE type, as transformers computes.
+
+    Always on the CPU in fp32, whatever device context or default dtype the caller
+    (e.g. a model built under `torch.device("cuda")`) has set.
+    """
+    with torch.device("cpu"):
+        inv_freq, scaling = _compute_inv_freq(params, head_dim, rotary_dim, seq_len)
+    return inv_freq.float(), scaling
+
+
+def _compute_inv_freq(params: dict, head_dim: int, rotary_dim: int, seq_len) -> tuple[torch.Tensor, float]:
     kind, base, dim = params["rope_type"], params["rope_theta"], rotary_dim
     if kind in ("default", "linear"):
         inv_freq = 1.0 / (base ** _exponents(dim))
@@ -139,14 +149,14 @@ def compute_inv_freq(params: dict, head_dim: int, rotary_dim: int, seq_len=None)
     if kind == "proportional":
         angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
         inv_freq = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
-        inv_freq = torch.cat((inv_freq, torch.zeros(head_dim // 2 - angles)))
+        inv_freq = torch.cat((inv_freq, torch.zeros(head_dim // 2 - angles, dtype=torch.float32)))
         return inv_freq / params.get("factor", 1.0), 1.0
     if kind == "dynamic":
         factor, m = params["factor"], params["max_position_embeddings"]
         if seq_len is None:  # python floats, as at transformers' init
             base = base * ((factor * m / m) - (factor - 1)) ** (dim / (dim - 2))
         else:  # fp32 tensor arithmetic, as in transformers' dynamic update
-            length = torch.maximum(torch.tensor(seq_len), torch.tensor(m))
+            length = torch.maximum(torch.tensor(seq_len), torch.tensor(m)).float()
             base = base * ((factor * length / m) - (factor - 1)) ** (dim / (dim - 2))
         return 1.0 / (base ** _exponents(dim)), 1.0
     if kind == "llama3":

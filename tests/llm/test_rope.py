@@ -259,3 +259,17 @@ def test_extend_grows_the_table_with_the_same_rows(case):
     assert torch.equal(
         model[0].cos_sin_cache, RotaryEmbedding(HEAD_DIM, HEAD_DIM, 300, params, torch.float32).cos_sin_cache
     )
+
+
+def test_inv_freq_ignores_the_callers_device_context_and_default_dtype():
+    params = rope_parameters_from_config(_config(CASES["dynamic-2"][0], 128, 10000.0))
+    want = compute_inv_freq(params, HEAD_DIM, HEAD_DIM, seq_len=300)[0]
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.bfloat16)  # as the model loader does while building a bf16 model
+        with torch.device("meta"):
+            got = compute_inv_freq(params, HEAD_DIM, HEAD_DIM, seq_len=300)[0]
+    finally:
+        torch.set_default_dtype(previous)
+    assert got.device.type == "cpu" and got.dtype == torch.float32
+    assert torch.equal(got, want)
