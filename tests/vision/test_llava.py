@@ -1,0 +1,108 @@
+"""LLaVA-1.5 (CLIP tower, Llama decoder) end to end against transformers, fp32 on CPU."""
+
+import base64
+import io
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlavaForConditionalGeneration
+
+from llm import LLM
+from llm.errors import WeightMismatchError
+from llm.weights import load_model
+from tests.vision import vlm_checks as checks
+from tests.vision.tiny_vlm import image, make_tiny_llava, our_prompt_logits, rel_err
+
+
+class Llava(checks.FamilyChecks):
+    hf_class = LlavaForConditionalGeneration
+
+    @staticmethod
+    def hf_inputs(prompt):
+        inputs = {"input_ids": torch.tensor([prompt.token_ids])}
+        if prompt.images:
+            inputs["pixel_values"] = torch.cat([i.data["pixel_values"] for i in prompt.images])
+        return inputs
+
+
+LLAVA = Llava()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("llava"))
+
+
+@pytest.fixture(scope="module")
+def family(model_dir):
+    return LLAVA.setup_family(model_dir)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+
+
+@pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])
+def test_prompt_logits_match_transformers(family, name):
+    checks.check_logits(LLAVA, family, name)
+
+
+def test_batch_of_text_and_image_requests_matches_transformers(family, llm):
+    checks.check_llm_batch(LLAVA, family, llm)
+
+
+def test_different_images_never_share_cached_blocks(family, llm):
+    checks.check_prefix_cache_separates_images(LLAVA, family, llm)
+
+
+def test_image_embeddings_are_cached_by_content(llm):
+    checks.check_embeddings_cached(llm)
+
+
+def test_image_limit_per_request(llm):
+    checks.check_image_limit(LLAVA, llm)
+
+
+def test_image_parts_as_path_bytes_and_data_url(family, llm, tmp_path):
+    buf = io.BytesIO()
+    image(1).save(buf, format="PNG")
+    path = tmp_path / "one.png"
+    path.write_bytes(buf.getvalue())
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    parts = [
+        {"type": "image", "image": str(path)},
+        {"type": "image", "image": buf.getvalue()},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]
+    text = {"type": "text", "text": "What is this?"}
+    outs = llm.generate([[{"role": "user", "content": [p, text]}] for p in parts], checks.GREEDY)
+    expected = LLAVA.reference(family, [{"role": "user", "content": [{"type": "image", "image": image(1)}, text]}])[1]
+    assert all(list(o.token_ids) == expected for o in outs)
+
+
+def _relayout(src, dst, rename):
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    save_file({rename(k): v for k, v in load_file(src / "model.safetensors").items()}, dst / "model.safetensors")
+
+
+def test_every_checkpoint_layout_loads(family, model_dir, tmp_path):
+    """transformers 5 names (model.language_model.*, lm_head) and vision_tower.vision_model.* load the same."""
+
+    def new_layout(k):
+        k = k.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head", "lm_head")
+        k = k.replace("vision_tower.", "model.vision_tower.vision_model.")
+        return k.replace("multi_modal_projector.", "model.multi_modal_projector.")
+
+    _relayout(model_dir, tmp_path / "new", new_layout)
+    processor, ours, _ = family
+    prompt = type(ours).process_prompt(processor, checks.conversations(image)["one_image"], {})
+    relaid = load_model(tmp_path / "new", dtype=torch.float32, progress=False)
+    assert rel_err(our_prompt_logits(relaid, prompt), our_prompt_logits(ours, prompt)) < 1e-6
+    _relayout(model_dir, tmp_path / "bad", lambda k: k.replace("multi_modal_projector.", "mm_proj."))
+    with pytest.raises(WeightMismatchError, match="mm_proj.linear_1.weight"):
+        load_model(tmp_path / "bad", dtype=torch.float32, progress=False)

@@ -1,0 +1,147 @@
+"""Tiny random-weight vision-language models with real HF processors, written offline for tests.
+
+Each `make_*` writes a Hugging Face model directory (config, safetensors, processor
+with tokenizer and chat template) that both transformers and vlchat load, and returns it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from tests.llm.tiny import make_tokenizer, tiny_llama_config
+
+VLM_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% else %}{{ IMAGE }}{% endif %}"
+    "{% endfor %}{% endif %}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def template(image_text: str) -> str:
+    return VLM_TEMPLATE.replace("{{ IMAGE }}", image_text)
+
+
+def _scale_weights(model, seed: int) -> None:
+    """Larger than transformers' init so greedy decoding does not collapse into one token."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3 if "embed_tokens" in name else 0.15)
+            elif "norm" in name or "lambda" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+            else:
+                p.normal_(0.0, 0.05)
+
+
+def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") -> Path:
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+    out = Path(tmp_path) / f"tiny-llava-{tower}"
+    if (out / "config.json").exists():
+        return out
+    tok = make_tokenizer()
+    vision = dict(
+        model_type=f"{tower}_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, image_size=28, patch_size=7,
+        hidden_act="quick_gelu" if tower == "clip" else "gelu_pytorch_tanh",
+    )  # fmt: skip
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=tiny_llama_config().to_dict(),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default" if tower == "clip" else "full",
+        tie_word_embeddings=False,
+    )
+    model = LlavaForConditionalGeneration(config)
+    _scale_weights(model, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    size = {"height": 28, "width": 28}
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size=size),
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+        num_additional_image_tokens=1 if tower == "clip" else 0,
+        chat_template=template("<image>\n"),
+    )
+    processor.save_pretrained(out)
+    return out
+
+
+def image(seed: int, size: tuple[int, int] = (40, 32)) -> Image.Image:
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+def hf_generate(model, inputs: dict, max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens of the transformers VLM (full recompute each step, no EOS stop) and its prompt logits."""
+    ids = inputs["input_ids"]
+    extra = {k: v for k, v in inputs.items() if k != "input_ids"}
+    out = []
+    with torch.no_grad():
+        for step in range(max_new_tokens):
+            logits = model(input_ids=ids, **extra).logits[0]
+            if step == 0:
+                prompt_logits = logits
+            out.append(int(logits[-1].argmax()))
+            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+    return out, prompt_logits
+
+
+@torch.no_grad()
+def our_prompt_logits(model, prompt) -> torch.Tensor:
+    """Prompt logits [tokens, vocab] of our model over one prefill (images embedded as the runner does)."""
+    from llm.engine.context import use_context
+    from tests.llm.paged import PagedCache
+
+    cache = PagedCache(model, num_blocks=256)
+    meta, positions = cache.metadata([(0, prompt.token_ids)])
+    if prompt.mrope_positions is not None:
+        positions = prompt.mrope_positions
+    ids = torch.tensor(prompt.token_ids)
+    embeds = model.get_input_embeddings(ids).clone()
+    if prompt.images:
+        for item, emb in zip(prompt.images, model.embed_multimodal([i.data for i in prompt.images]), strict=True):
+            embeds[item.offset : item.end] = emb
+    with use_context(meta):
+        hidden = model(ids, positions, inputs_embeds=embeds)
+    return model.compute_logits(hidden)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def conversations(img) -> dict[str, list]:
+    """The conversations every family is tested on (`img(i)` gives the i-th test image)."""
+    return {
+        "one_image": [
+            {"role": "user", "content": [{"type": "image", "image": img(1)}, {"type": "text", "text": "What is this?"}]}
+        ],
+        "two_images": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Compare"},
+                    {"type": "image", "image": img(2)},
+                    {"type": "text", "text": "and"},
+                    {"type": "image", "image": img(3)},
+                ],
+            }
+        ],
+        "second_turn": [
+            {"role": "user", "content": "Hello there."},
+            {"role": "assistant", "content": "Hello! How are you?"},
+            {"role": "user", "content": [{"type": "text", "text": "Describe"}, {"type": "image", "image": img(4)}]},
+        ],
+        "text_only": [{"role": "user", "content": "Tell me about the quick brown fox."}],
+    }

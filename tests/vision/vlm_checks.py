@@ -1,0 +1,112 @@
+"""The end-to-end checks every vision-language family runs against transformers (see test_<family>.py)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoProcessor
+
+from llm import LLM, SamplingParams
+from llm.engine.sequence import Sequence
+from llm.errors import InvalidRequestError
+from llm.weights import load_model
+from tests.vision.tiny_vlm import conversations, hf_generate, image, our_prompt_logits, rel_err
+
+RTOL = 1e-4
+NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+class FamilyChecks:
+    """Per family: `model_dir` (fixture, module scope), `hf_class`, `hf_inputs(prompt)`, `mm_options`."""
+
+    hf_class = None
+    mm_options: dict = {}
+
+    @staticmethod
+    def hf_inputs(prompt) -> dict:
+        return {"input_ids": torch.tensor([prompt.token_ids])}
+
+    def setup_family(self, model_dir):
+        processor = AutoProcessor.from_pretrained(model_dir)
+        ours = load_model(model_dir, dtype=torch.float32, progress=False)
+        hf = self.hf_class.from_pretrained(model_dir, dtype=torch.float32).eval()
+        return processor, ours, hf
+
+    def reference(self, family, conv):
+        """(our prompt, transformers' greedy tokens, its prompt logits), memoized per conversation."""
+        processor, ours, hf = family
+        prompt = type(ours).process_prompt(processor, conv, dict(self.mm_options))
+        key = (id(hf), tuple(prompt.token_ids), tuple(i.hash for i in prompt.images))
+        cache = self.__dict__.setdefault("_references", {})
+        if key not in cache:
+            cache[key] = hf_generate(hf, self.hf_inputs(prompt), NEW_TOKENS)
+        return (prompt, *cache[key])
+
+
+def check_logits(checks: FamilyChecks, family, name: str) -> None:
+    processor, ours, hf = family
+    prompt, tokens, expected = checks.reference(family, conversations(image)[name])
+    assert len(prompt.images) == {"one_image": 1, "two_images": 2, "second_turn": 1, "text_only": 0}[name]
+    got = our_prompt_logits(ours, prompt)
+    assert rel_err(got, expected) < RTOL
+    assert len(set(tokens)) > 2, "the reference continuation should not be degenerate"
+
+
+def check_llm_batch(checks: FamilyChecks, family, llm: LLM) -> None:
+    """A batch mixing text-only and image requests gives each its transformers tokens."""
+    convs = conversations(image)
+    names = ["one_image", "text_only", "two_images", "second_turn"]
+    expected = [checks.reference(family, convs[n])[1] for n in names]
+    outputs = llm.generate([convs[n] for n in names], GREEDY)
+    assert [list(o.token_ids) for o in outputs] == expected
+
+
+def check_prefix_cache_separates_images(checks: FamilyChecks, family, llm: LLM) -> None:
+    """The same text with another image hits no cached block past the image; the same image does."""
+    processor, ours, _ = family
+    conv = conversations(image)["one_image"]
+    llm.generate([conv], GREEDY)
+    other = [{**conv[0], "content": [{"type": "image", "image": image(9)}, conv[0]["content"][1]]}]
+    engine = llm.engine
+    bs = engine.block_manager.block_size
+
+    def hits(c) -> tuple[int, object]:
+        prompt = type(ours).process_prompt(processor, c, dict(checks.mm_options))
+        seq = Sequence("probe", prompt, GREEDY, bs)
+        return len(engine.block_manager.match_prefix(seq)), prompt
+
+    same_hits, prompt = hits(conv)
+    other_hits, _ = hits(other)
+    assert same_hits >= len(prompt.token_ids) // bs - 1 > 0
+    assert other_hits <= prompt.images[0].offset // bs
+    expected = checks.reference(family, other)[1]
+    assert list(llm.generate([other], GREEDY)[0].token_ids) == expected
+
+
+def check_embeddings_cached(llm: LLM) -> None:
+    """An image seen before (another turn of the conversation) is not encoded again."""
+    model = llm.engine.runner.model
+    calls = []
+    original = model.embed_multimodal
+    model.embed_multimodal = lambda datas: calls.append(len(datas)) or original(datas)
+    try:
+        img = image(11)
+        first = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "Hi"}]}]
+        llm.generate([first], GREEDY)
+        llm.engine.block_manager.enable_prefix_caching = False  # force a recompute that needs the embeddings
+        follow = [*first, {"role": "assistant", "content": "Ok."}, {"role": "user", "content": "More?"}]
+        llm.generate([follow], GREEDY)
+    finally:
+        llm.engine.block_manager.enable_prefix_caching = True
+        model.embed_multimodal = original
+    assert calls == [1]
+
+
+def check_image_limit(checks: FamilyChecks, llm: LLM) -> None:
+    conv = conversations(image)["two_images"]
+    try:
+        llm.engine.add_request("limit", conv, GREEDY, {**checks.mm_options, "max_images": 1})
+    except InvalidRequestError as e:
+        assert "at most 1 images" in str(e)
+    else:
+        raise AssertionError("a request over the image limit was accepted")

@@ -1,0 +1,99 @@
+"""What every vision-language model shares: the engine's decoder, weight-name layouts, prompt processing.
+
+A family subclasses `VisionLanguageModel` and provides its vision modules,
+`embed_multimodal` (one [image_tokens, hidden] tensor per image), `split_images`
+(the processor's batch outputs -> one data dict and placeholder count per image) and
+the checkpoint layouts it accepts (`layout_rules`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from llm.errors import UnsupportedModelError
+from llm.inputs import MultiModalPrompt
+from llm.models.registry import get_model_class
+from llm.weights import WeightRule
+from vision.processing import image_token_id, place_images, run_processor
+
+# Text configs inside VLM configs often carry no `architectures`; their model_type names the decoder.
+_DECODERS = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen2_vl_text": "Qwen2ForCausalLM",
+    "qwen2_5_vl_text": "Qwen2ForCausalLM",
+    "qwen2_vl": "Qwen2ForCausalLM",
+    "qwen2_5_vl": "Qwen2ForCausalLM",
+}
+
+
+def build_decoder(hf_config, dtype: torch.dtype) -> nn.Module:
+    """The engine's causal LM for the VLM's text config (tied embeddings as the VLM's config says)."""
+    text = copy.deepcopy(hf_config.get_text_config())
+    text.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+    arch = _DECODERS.get(getattr(text, "model_type", ""))
+    if arch is not None:
+        text.architectures = [arch]
+    elif not getattr(text, "architectures", None):
+        raise UnsupportedModelError(f"text model type {text.model_type!r}", sorted(_DECODERS))
+    return get_model_class(text)(text, dtype)
+
+
+class VisionLanguageModel(nn.Module):
+    is_multimodal = True
+    uses_mrope = False
+
+    def __init__(self, hf_config, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.hf_config = hf_config
+        self.language_model = build_decoder(hf_config, dtype)
+        self.image_token_id = int(hf_config.image_token_id)
+
+    # -- decoder ------------------------------------------------------------
+
+    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+        return self.language_model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden)
+
+    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.get_input_embeddings(input_ids)
+
+    # -- weights ------------------------------------------------------------
+
+    def build_weight_mapping(self, layout: list[WeightRule], vision: list[WeightRule]) -> list[WeightRule]:
+        """Layout renames (every HF layout -> ours), then vision renames, then the decoder's own rules.
+
+        A name no layout rule knows stays unmatched, and loading fails naming it (WeightMismatchError).
+        """
+        decoder = [r for r in self.language_model.weight_mapping if "lm_head" not in r.pattern]
+        tied = []
+        if self.language_model.spec.tie_word_embeddings:
+            tied = [WeightRule(r"^language_model\.lm_head\.weight$", None)]
+        return [*layout, *tied, *vision, *decoder]
+
+    # -- prompts ------------------------------------------------------------
+
+    @classmethod
+    def process_prompt(cls, processor, messages: list[Mapping], mm_options: Mapping) -> MultiModalPrompt:
+        token_ids, outputs, text, num_images = run_processor(processor, messages, mm_options)
+        placeholder = image_token_id(processor)
+        datas, lengths = cls.split_images(processor, outputs, num_images, token_ids, placeholder)
+        items = place_images(token_ids, placeholder, datas, lengths)
+        prompt = MultiModalPrompt(token_ids=token_ids, images=items, text=text)
+        return cls.finish_prompt(processor, prompt)
+
+    @classmethod
+    def split_images(cls, processor, outputs, num_images: int, token_ids: list[int], placeholder: int):
+        raise NotImplementedError
+
+    @classmethod
+    def finish_prompt(cls, processor, prompt: MultiModalPrompt) -> MultiModalPrompt:
+        return prompt
