@@ -5,13 +5,14 @@ replays them with one launch. Every graph reads the same static input buffers
 (ids, positions, slots, seq_lens, block tables sized for max_model_len) and writes
 one static output; a step copies its batch into the first rows, pads the rest
 (slot -1: no K/V write; seq_len 0: no key attended) and replays the graph of the
-smallest bucket that holds it. The split-k count of decode attention is chosen by
-the kernel from the static block-table width, so it is fixed at capture.
+smallest bucket that holds it. The split-k count of decode attention is fixed per
+bucket at capture (the runner's `decode_splits`, which eager decode uses too).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -36,8 +37,17 @@ class DecodeGraphs:
 
     @classmethod
     @torch.inference_mode()
-    def capture(cls, model, device, max_batch: int, max_blocks: int, uses_mrope: bool) -> DecodeGraphs | None:
-        """Capture graphs for every bucket up to max_batch; None (eager decoding) if the model cannot be captured."""
+    def capture(
+        cls,
+        model,
+        device,
+        buckets: list[int],
+        max_blocks: int,
+        uses_mrope: bool,
+        num_splits: Callable[[int], int | None],
+    ) -> DecodeGraphs | None:
+        """Capture one graph per batch bucket; None (eager decoding) if the model cannot be captured."""
+        max_batch = buckets[-1]
         buf = {
             "input_ids": torch.zeros(max_batch, dtype=torch.long, device=device),
             "positions": torch.zeros((3, max_batch) if uses_mrope else (max_batch,), dtype=torch.long, device=device),
@@ -45,12 +55,11 @@ class DecodeGraphs:
             "seq_lens": torch.zeros(max_batch, dtype=torch.int32, device=device),
             "block_tables": torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device),
         }
-        buckets = batch_buckets(max_batch)
         graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = None
         try:
             for bs in reversed(buckets):
-                meta = cls._metadata(buf, bs)
+                meta = cls._metadata(buf, bs, num_splits(bs))
                 pos = buf["positions"][..., :bs]
                 with use_context(meta):
                     model(buf["input_ids"][:bs], pos)  # warm-up outside the graph (autotuning, lazy init)
@@ -68,13 +77,14 @@ class DecodeGraphs:
         return cls(buckets, graphs, buf)
 
     @staticmethod
-    def _metadata(buf: dict, bs: int) -> AttentionMetadata:
+    def _metadata(buf: dict, bs: int, num_splits: int | None) -> AttentionMetadata:
         return AttentionMetadata(
             is_prefill=False,
             slot_mapping=buf["slot_mapping"][:bs],
             block_tables=buf["block_tables"][:bs],
             seq_lens=buf["seq_lens"][:bs],
             max_seqlen_q=1,
+            num_splits=num_splits,
         )
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -19,11 +19,11 @@ import torch
 from kernels.device import get_device_info
 from llm.config import EngineConfig
 from llm.engine.context import AttentionMetadata, reset_context, use_context
-from llm.engine.cuda_graphs import DecodeGraphs
+from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from llm.engine.sampler import Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
 from llm.layers.attention import Attention
-from llm.rope import RotaryEmbedding, update_rope_for_length
+from llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
 from llm.weights import load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = max_model_len
         self.model = load_model(config.model, self.dtype, self.device, progress=False)
+        extend_rope_tables(self.model, max_model_len)  # an override may exceed the config's length
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.rope_tracks_length = any(
@@ -69,12 +70,14 @@ class ModelRunner:
             self._warm_up(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs)
         self.num_blocks = self._num_blocks(config)
         self._allocate_kv_cache()
+        self.max_blocks = math.ceil(max_model_len / self.block_size)
+        self.buckets = batch_buckets(min(config.scheduler.max_num_seqs, 512))
+        self._splits: dict[int, int | None] = {}
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs.capture(
-                self.model, self.device, min(config.scheduler.max_num_seqs, 512),
-                math.ceil(max_model_len / self.block_size), self.uses_mrope,
-            )  # fmt: skip
+                self.model, self.device, self.buckets, self.max_blocks, self.uses_mrope, self.decode_splits
+            )
 
     # -- memory -------------------------------------------------------------
 
@@ -125,6 +128,22 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------
 
+    def decode_splits(self, batch: int) -> int | None:
+        """Split-k count of decode attention for a batch: the kernel's heuristic at the batch's graph
+        bucket and max_model_len, so eager and graph decode compute alike. None on CPU (unused there)."""
+        if self.device.type != "cuda":
+            return None
+        bucket = next((b for b in self.buckets if b >= batch), batch)
+        if bucket not in self._splits:
+            from kernels.attention import device_for
+            from kernels.attention.decode import decode_splits
+
+            attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
+            q = torch.empty(bucket, attn.num_heads, attn.head_dim, dtype=self.dtype, device="meta")
+            tables = torch.empty(bucket, self.max_blocks, dtype=torch.int32, device="meta")
+            self._splits[bucket] = decode_splits(q, k_cache, tables, device_for(k_cache))
+        return self._splits[bucket]
+
     def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:
         if not self.uses_mrope:
             return list(range(start, end))
@@ -166,6 +185,7 @@ class ModelRunner:
             max_seqlen_q=max_q,
             max_seqlen_k=max(seq_lens),
             context_lens=torch.tensor(context_lens, dtype=torch.int32).to(dev, non_blocking=True),
+            num_splits=None if max_q > 1 else self.decode_splits(len(seqs)),
         )
         ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
