@@ -101,7 +101,7 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
     from safetensors import safe_open
     from tqdm.auto import tqdm
 
-    for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 1):
+    for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress):
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
