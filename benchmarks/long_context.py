@@ -1,0 +1,286 @@
+"""Long context on a GPU: Llama-3.1-8B shape (GQA 32/8, llama3 RoPE to 131072), random bf16 weights.
+
+    PYTHONPATH=. python benchmarks/long_context.py [--out DIR] [--smoke]
+
+Through the engine (`LLM`, batch 1, CUDA graphs on, chunked prefill with a token
+budget of CHUNK_BUDGET per step): prefill time of 32k and 128k prompts (time to
+the first token), decode ms/token at those contexts (median step), and the
+activation peak above the resting memory (weights + KV pool). transformers
+(sdpa, its own KV cache) runs the same shapes in the same process where it fits.
+The paged decode attention kernel at 128k context is timed alone (CUDA-graph
+replays) against the KV-read floor: K+V bytes / device-to-device copy bandwidth
+measured in the same run. Weights are random (throughput does not depend on
+them): the benchmark replaces `llm.weights.load_weights` with a random fill, so
+no 16 GB checkpoint is written. `--smoke` runs a tiny shape (also on a CPU) to
+check the script. Writes long_context_<device>.json and .md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+import llm.weights
+from benchmarks.random_model import SHAPES, word_level_tokenizer
+from kernels.device import get_device_info
+
+CHUNK_BUDGET = 8192  # prefill tokens per engine step (max_num_batched_tokens)
+DECODE_STEPS = 32
+BLOCK = 16
+LLAMA31 = dict(SHAPES["llama3-8b"], rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})  # fmt: skip
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=512, max_position_embeddings=1024, rope_theta=500000.0)  # fmt: skip
+
+
+def write_config_dir(path: str, fields: dict) -> str:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5, torch_dtype="bfloat16",
+                         architectures=["LlamaForCausalLM"])  # fmt: skip
+    config.save_pretrained(path)
+    word_level_tokenizer(config.vocab_size).save_pretrained(path)
+    return path
+
+
+def _random_fill(model, model_dir, rules=None, progress=True):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+
+
+@contextlib.contextmanager
+def random_weights():
+    real = llm.weights.load_weights
+    llm.weights.load_weights = _random_fill
+    try:
+        yield
+    finally:
+        llm.weights.load_weights = real
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _mem():
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def _peak_since_reset():
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+
+
+def _reset_peak():
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _prompt(length: int, vocab: int) -> list[int]:
+    return torch.randint(2, vocab, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+
+
+def run_engine(model_dir: str, contexts: list[int], vocab: int, device: str, budget: int) -> dict:
+    from llm import LLM, SamplingParams
+
+    max_len = max(contexts)
+    with random_weights():
+        engine = LLM(model_dir, dtype="bfloat16", device=device, max_num_seqs=1, max_num_batched_tokens=budget,
+                     num_blocks=max_len // BLOCK + 8, enable_prefix_caching=False)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=DECODE_STEPS, ignore_eos=True)
+    warm = min(2 * budget + 37, max_len - DECODE_STEPS)  # compiles the prefill (with a prefix) and decode kernels
+    engine.generate([_prompt(warm, vocab)], params)
+    resting = _mem()
+    rows = []
+    for ctx in contexts:
+        prompt_len = ctx - DECODE_STEPS
+        _reset_peak()
+        engine.engine.add_request(f"ctx{ctx}", _prompt(prompt_len, vocab), params)
+        step_s, first_token_s, start = [], None, time.perf_counter()
+        while engine.engine.has_unfinished():
+            t0 = time.perf_counter()
+            outs = engine.engine.step()  # returns sampled ids on the host: synchronised
+            t1 = time.perf_counter()
+            if first_token_s is None and outs:
+                first_token_s = t1 - start
+            elif outs:
+                step_s.append(t1 - t0)
+        rows.append({
+            "context": ctx, "prompt_tokens": prompt_len, "prefill_s": first_token_s,
+            "prefill_tok_s": prompt_len / first_token_s, "decode_ms": 1e3 * statistics.median(step_s),
+            "decode_steps": len(step_s), "activation_peak_gib": (_peak_since_reset() - resting) / 2**30,
+        })  # fmt: skip
+        print(f"engine ctx={ctx}: {rows[-1]}", flush=True)
+    result = {"resting_gib": resting / 2**30, "chunk_budget": budget, "rows": rows}
+    engine.engine.close()
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def run_transformers(fields: dict, contexts: list[int], device: str) -> dict:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
+    resting = _mem()
+    rows = []
+    for ctx in contexts:
+        prompt_len = ctx - DECODE_STEPS
+        ids = torch.tensor([_prompt(prompt_len, config.vocab_size)], device=device)
+        _reset_peak()
+        try:
+            with torch.no_grad():
+                _sync()
+                t0 = time.perf_counter()
+                out = model(ids, use_cache=True, logits_to_keep=1)
+                token = out.logits[:, -1:].argmax(-1)
+                _sync()
+                prefill_s = time.perf_counter() - t0
+                past, step_s = out.past_key_values, []
+                del out
+                for _ in range(DECODE_STEPS - 1):
+                    t0 = time.perf_counter()
+                    out = model(token, past_key_values=past, use_cache=True)
+                    token = out.logits[:, -1:].argmax(-1)
+                    _sync()
+                    step_s.append(time.perf_counter() - t0)
+                    past = out.past_key_values
+            rows.append({
+                "context": ctx, "prompt_tokens": prompt_len, "prefill_s": prefill_s,
+                "prefill_tok_s": prompt_len / prefill_s, "decode_ms": 1e3 * statistics.median(step_s),
+                "activation_peak_gib": (_peak_since_reset() - resting) / 2**30,
+            })  # fmt: skip
+        except torch.cuda.OutOfMemoryError as e:
+            rows.append({"context": ctx, "error": f"out of memory: {str(e)[:120]}"})
+        past = out = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"transformers ctx={ctx}: {rows[-1]}", flush=True)
+    del model
+    gc.collect()
+    return {"resting_gib": resting / 2**30, "rows": rows}
+
+
+def decode_attention_vs_floor(ctx: int, q_heads: int, kv_heads: int, head_dim: int = 128) -> dict:
+    """The paged decode kernel at batch 1 and `ctx` keys, against K+V bytes over the measured copy bandwidth."""
+    from benchmarks.attention import copy_bandwidth_gbs, graph_time_us
+    from kernels.attention import paged_decode_attention
+
+    dtype = torch.bfloat16
+    blocks = ctx // BLOCK
+    k_cache = torch.randn(blocks, BLOCK, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(blocks, device="cuda", dtype=torch.int32)[None]  # shuffled blocks, like a real pool
+    seq_lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, q_heads, head_dim, device="cuda", dtype=dtype)
+    out = torch.empty_like(q)
+    us = graph_time_us([lambda: paged_decode_attention(q, k_cache, v_cache, table, seq_lens, head_dim**-0.5, out=out)])
+    kv_bytes = 2 * ctx * kv_heads * head_dim * dtype.itemsize
+    copy_gbs = copy_bandwidth_gbs()
+    floor_us = kv_bytes / (copy_gbs * 1e3)
+    return {"context": ctx, "kv_mib": kv_bytes / 2**20, "kernel_us": us, "copy_gbs": copy_gbs,
+            "floor_us": floor_us, "ratio_to_floor": us / floor_us, "target_ratio": 1.15}  # fmt: skip
+
+
+def markdown(res: dict) -> str:
+    lines = [
+        f"# Long context: {res['shape']}, bf16, random weights, batch 1",
+        "",
+        f"{res['device']} ({res['arch']}), torch {res['torch']}, triton {res['triton']}, "
+        f"transformers {res['transformers_version']}, {res['date']}. Engine: chunked prefill with a budget of "
+        f"{res['chunk_budget']} tokens per step, CUDA graphs for decode. Decode: median of {DECODE_STEPS - 1} steps.",
+        "",
+        "| context | engine prefill s | tok/s | transformers prefill s | ratio | engine decode ms/tok "
+        "| transformers decode ms/tok | ratio | engine activation peak GiB | transformers activation peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    hf = {r["context"]: r for r in res.get("transformers", {}).get("rows", [])}
+    for r in res["engine"]["rows"]:
+        h = hf.get(r["context"], {})
+        if "prefill_s" in h:
+            hf_cells = (f"{h['prefill_s']:.2f} | {h['prefill_s'] / r['prefill_s']:.2f}x", f"{h['decode_ms']:.2f} | "
+                        f"{h['decode_ms'] / r['decode_ms']:.2f}x", f"{h['activation_peak_gib']:.2f}")  # fmt: skip
+        else:
+            hf_cells = (f"{h.get('error', 'not run')} | -", "- | -", "-")
+        lines.append(
+            f"| {r['context']} | {r['prefill_s']:.2f} | {r['prefill_tok_s']:.0f} | {hf_cells[0]} | "
+            f"{r['decode_ms']:.2f} | {hf_cells[1]} | {r['activation_peak_gib']:.2f} | {hf_cells[2]} |"
+        )
+    lines.append("")
+    lines.append("Ratios are transformers time / engine time (above 1: the engine is faster).")
+    lines.append(f"Resting memory (weights + KV pool + graphs): engine {res['engine']['resting_gib']:.1f} GiB.")
+    a = res.get("decode_attention")
+    if a:
+        lines += [
+            "",
+            f"Paged decode attention alone at {a['context']} keys (32/8 heads, head_dim 128, one layer): "
+            f"{a['kernel_us']:.1f} us against a KV-read floor of {a['floor_us']:.1f} us "
+            f"({a['kv_mib']:.0f} MiB at the measured copy bandwidth {a['copy_gbs']:.0f} GB/s): "
+            f"{a['ratio_to_floor']:.3f}x the floor (target <= {a['target_ratio']}x: "
+            f"{'met' if a['ratio_to_floor'] <= a['target_ratio'] else 'missed'}).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--smoke", action="store_true", help="tiny shape and contexts: checks the script")
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+    import transformers
+    import triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    info = get_device_info()
+    fields = SMOKE if args.smoke else LLAMA31
+    contexts = [256, 512] if args.smoke else [32768, 131072]
+    res = {"shape": "tiny (smoke)" if args.smoke else "Llama-3.1-8B (32 layers, hidden 4096, GQA 32/8)",
+           "device": info.name, "arch": info.arch, "torch": torch.__version__, "triton": triton.__version__,
+           "transformers_version": transformers.__version__, "python": platform.python_version(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "chunk_budget": 128 if args.smoke else CHUNK_BUDGET, "decode_steps": DECODE_STEPS}  # fmt: skip
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "long_context_" + info.name.replace(" ", "_"))
+
+    def save():
+        with open(stem + ".json", "w") as f:
+            json.dump(res, f, indent=1)
+
+    if device == "cuda":
+        res["decode_attention"] = decode_attention_vs_floor(contexts[-1], fields["num_attention_heads"],
+                                                            fields["num_key_value_heads"])  # fmt: skip
+        print(f"decode attention: {res['decode_attention']}", flush=True)
+        torch.cuda.empty_cache()
+        save()
+    with tempfile.TemporaryDirectory() as model_dir:
+        write_config_dir(model_dir, fields)
+        res["engine"] = run_engine(model_dir, contexts, fields["vocab_size"], device, res["chunk_budget"])
+    save()
+    if not args.skip_transformers:
+        res["transformers"] = run_transformers(fields, contexts, device)
+        save()
+    text = markdown(res)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
