@@ -1,0 +1,139 @@
+"""Accuracy of the demo model on fresh held-out scenes, per question type.
+
+    python -m scripts.demo.evaluate                      # through vlchat's engine (llm.LLM), on assets/demo-model
+    python -m scripts.demo.evaluate --backend transformers
+
+Scenes come from a seed the training never uses; every scene is asked one question of each image
+type, one follow-up (a second turn after a gold first answer) and one text-only message. An answer
+counts when it equals the templated answer exactly (surrounding whitespace ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from scripts.demo.build import IMAGE_SIZE, MODEL_DIR
+from scripts.demo.conversation import IMAGE_TYPES, QUESTION_TYPES, ask, follow_up, text_only_turn
+from scripts.demo.shapes import random_scene, render
+
+EVAL_SEED = 20261130  # training draws from seeds below 100_000
+
+
+@dataclass(slots=True)
+class EvalItem:
+    qtype: str
+    messages: list[dict]  # OpenAI-style; the image part is {"type": "image"}
+    image: Image.Image | None
+    expected: str
+
+
+def _user(text: str, with_image: bool) -> dict:
+    parts = [{"type": "image"}] if with_image else []
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def eval_items(num_scenes: int = 500, seed: int = EVAL_SEED) -> list[EvalItem]:
+    rng = random.Random(seed)
+    items = []
+    for _ in range(num_scenes):
+        scene = random_scene(rng)
+        scale = rng.choice((1, 1, 2, 3))
+        image = render(scene, IMAGE_SIZE * scale, rng)
+        for qtype in IMAGE_TYPES:
+            turn = ask(scene, qtype, rng)
+            items.append(EvalItem(qtype, [_user(turn.question, True)], image, turn.answer))
+        while (
+            second := follow_up(scene, first := ask(scene, rng.choice(("color", "exists", "where")), rng), rng)
+        ) is None:
+            pass
+        history = [_user(first.question, True), {"role": "assistant", "content": first.answer}]
+        items.append(EvalItem("followup", [*history, _user(second.question, False)], image, second.answer))
+        text = text_only_turn(rng)
+        items.append(EvalItem("text", [_user(text.question, False)], None, text.answer))
+    return items
+
+
+def score(items: list[EvalItem], answers: list[str]) -> dict[str, dict[str, float]]:
+    right, total = defaultdict(int), defaultdict(int)
+    for item, answer in zip(items, answers, strict=True):
+        total[item.qtype] += 1
+        right[item.qtype] += answer.strip() == item.expected
+    table = {
+        t: {"correct": right[t], "total": total[t], "accuracy": right[t] / total[t]} for t in QUESTION_TYPES if total[t]
+    }
+    n, r = sum(total.values()), sum(right.values())
+    table["overall"] = {"correct": r, "total": n, "accuracy": r / n}
+    return table
+
+
+def markdown_table(table: dict[str, dict[str, float]]) -> str:
+    lines = ["| question type | correct | total | accuracy |", "| --- | ---: | ---: | ---: |"]
+    for name, row in table.items():
+        lines.append(f"| {name} | {row['correct']} | {row['total']} | {100 * row['accuracy']:.1f}% |")
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def answer_with_transformers(model, processor, items: list[EvalItem], batch_size: int = 512) -> list[str]:
+    """Greedy answers from transformers' generate, batched with left padding (sorted by length)."""
+    device = next(model.parameters()).device
+    processor.tokenizer.padding_side = "left"
+    texts = [processor.apply_chat_template(item.messages, add_generation_prompt=True) for item in items]
+    order = sorted(range(len(items)), key=lambda i: (items[i].image is None, len(texts[i])))
+    answers = [""] * len(items)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        for with_image in (True, False):
+            idx = [i for i in chunk if (items[i].image is not None) == with_image]
+            if not idx:
+                continue
+            images = [items[i].image for i in idx] if with_image else None
+            batch = processor(images=images, text=[texts[i] for i in idx], padding=True, return_tensors="pt")
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model.generate(**batch, max_new_tokens=64, do_sample=False)
+            for i, ids in zip(idx, out[:, batch["input_ids"].shape[1] :], strict=True):
+                answers[i] = processor.tokenizer.decode(ids, skip_special_tokens=True)
+    return answers
+
+
+def evaluate_transformers(model_dir: str, items: list[EvalItem], device: str) -> list[str]:
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    return answer_with_transformers(model, processor, items)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=str(MODEL_DIR))
+    parser.add_argument("--scenes", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=EVAL_SEED)
+    parser.add_argument("--backend", choices=("vlchat", "transformers"), default="vlchat")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", help="also write the table as JSON here")
+    args = parser.parse_args()
+    items = eval_items(args.scenes, args.seed)
+    start = time.perf_counter()
+    if args.backend == "transformers":
+        answers = evaluate_transformers(args.model, items, args.device)
+    else:
+        raise SystemExit("the vlchat backend needs llm.LLM with LLaVA support")
+    table = score(items, answers)
+    print(f"{len(items)} questions on {args.scenes} scenes in {time.perf_counter() - start:.1f} s ({args.backend})")
+    print(markdown_table(table))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
