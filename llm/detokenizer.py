@@ -4,7 +4,8 @@ Decoding token by token is wrong in two ways: a multi-byte character split over
 two byte-level tokens decodes to U+FFFD halves, and SentencePiece drops the
 leading space of a word that starts a decode. So each step decodes a short
 window, the tokens since the last released text plus the few before them, and
-releases only the new text, and only once it no longer ends in U+FFFD.
+releases only the new text, and only once it no longer ends in U+FFFD (or
+the pending bytes cannot be one character any more).
 
 Stop strings: text that could be the start of a stop string is held back until
 it either completes the stop string (generation stops; the text ends before it,
@@ -18,6 +19,9 @@ from collections.abc import Sequence
 # Prompt tokens kept as left context of the first decode window.
 PROMPT_CONTEXT = 6
 REPLACEMENT_CHAR = "\ufffd"
+# A UTF-8 character has at most 4 bytes, so at most 4 tokens: a U+FFFD still open after that
+# many pending tokens is an invalid byte sequence (an untrained model), released as is.
+MAX_CHAR_TOKENS = 4
 
 
 class IncrementalDetokenizer:
@@ -72,7 +76,8 @@ class IncrementalDetokenizer:
         self._ids.append(int(token_id))
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = self._decode(self._ids[self._prefix_offset :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR):
+        open_char = new_text.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_CHAR_TOKENS
+        if len(new_text) > len(prefix_text) and not open_char:
             self._text += new_text[len(prefix_text) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)

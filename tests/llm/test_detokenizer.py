@@ -117,3 +117,13 @@ def test_held_partial_stop_is_flushed_at_the_end_and_min_tokens_disables_stoppin
     detok = IncrementalDetokenizer(tok, [], stop=["quick"])
     text = "".join(detok.add_token(t, check_stop=False) for t in ids) + detok.flush()
     assert text == "The quick brown fox" and detok.stop_string is None
+
+
+def test_invalid_bytes_are_released_instead_of_held_forever():
+    """An untrained model may emit lone UTF-8 continuation bytes: they stream out as U+FFFD, not pile up."""
+    tok = make_tokenizer()
+    lone = next(i for i in range(len(tok)) if tok.decode([i]) == "\ufffd")
+    detok = IncrementalDetokenizer(tok, [])
+    deltas = [detok.add_token(lone) for _ in range(12)]
+    assert sum(len(d) for d in deltas) >= 8 and set("".join(deltas)) == {"\ufffd"}
+    assert deltas[:3] == ["", "", ""]  # the first pending bytes could still have become one character
