@@ -198,6 +198,44 @@ def decode_attention_vs_floor(ctx: int, q_heads: int, kv_heads: int, head_dim: i
             "floor_us": floor_us, "ratio_to_floor": us / floor_us, "target_ratio": 1.15}  # fmt: skip
 
 
+def kernel_check(fields: dict, tokens: int = 4096, device: str = "cuda") -> dict:
+    """The decoder ops' Triton kernels at this shape against their torch references (max abs error, bf16)."""
+    from kernels import dispatch
+    from kernels.ops.activation import SILU
+    from kernels.ops.rms_norm import OP as RMS_NORM
+    from kernels.ops.rotary import OP as ROTARY
+
+    dtype, hidden, heads, kv_heads = torch.bfloat16, fields["hidden_size"], fields["num_attention_heads"], 8
+    head_dim = hidden // heads
+    x, res = (
+        torch.randn(tokens, hidden, device=device, dtype=dtype),
+        torch.randn(tokens, hidden, device=device, dtype=dtype),
+    )
+    w = torch.rand(hidden, device=device, dtype=dtype)
+    gate_up = torch.randn(tokens, 2 * fields["intermediate_size"], device=device, dtype=dtype)
+    q = torch.randn(tokens, heads, head_dim, device=device, dtype=dtype)
+    k = torch.randn(tokens, kv_heads, head_dim, device=device, dtype=dtype)
+    positions = torch.randint(0, 131072, (tokens,), device=device)
+    freqs = torch.arange(131072, device=device).float()[:, None] * (
+        1e-4 ** torch.linspace(0, 1, head_dim // 2, device=device)
+    )
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    cases = {
+        "rms_norm+residual": (RMS_NORM, (x, w, 1e-5, res), lambda o: o[0]),
+        "silu_and_mul": (SILU, (gate_up,), lambda o: o),
+        "apply_rotary": (ROTARY, (q, k, positions, cache), lambda o: torch.cat((o[0], o[1]), 1)),
+    }
+    out = {}
+    for name, (op, args, pick) in cases.items():
+        if device == "cuda":
+            assert dispatch.choose(op, dtype) == "triton", f"{op} does not run on Triton here"
+        got = pick(dispatch.get_impl(op, dtype, backend="triton")(*args)).float()
+        fp32_args = [a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+        want = pick(dispatch.get_impl(op, torch.float32, backend="torch")(*fp32_args))
+        out[name] = float((got - want).abs().max() / want.abs().max())
+    return out
+
+
 def markdown(res: dict) -> str:
     lines = [
         f"# Long context: {res['shape']}, bf16, random weights, batch 1",
@@ -225,6 +263,9 @@ def markdown(res: dict) -> str:
     lines.append("")
     lines.append("Ratios are transformers time / engine time (above 1: the engine is faster).")
     lines.append(f"Resting memory (weights + KV pool + graphs): engine {res['engine']['resting_gib']:.1f} GiB.")
+    if "kernel_check_rel_err" in res:
+        errs = ", ".join(f"{k} {v:.1e}" for k, v in res["kernel_check_rel_err"].items())
+        lines.append(f"Decoder ops (Triton, bf16) against their fp32 references, max error / max value: {errs}.")
     a = res.get("decode_attention")
     if a:
         lines += [
@@ -264,6 +305,8 @@ def main():
             json.dump(res, f, indent=1)
 
     if device == "cuda":
+        res["kernel_check_rel_err"] = kernel_check(fields)
+        print(f"decoder ops, Triton vs fp32 reference (max abs err / max abs): {res['kernel_check_rel_err']}")
         res["decode_attention"] = decode_attention_vs_floor(contexts[-1], fields["num_attention_heads"],
                                                             fields["num_key_value_heads"])  # fmt: skip
         print(f"decode attention: {res['decode_attention']}", flush=True)
