@@ -16,11 +16,17 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # the Rust tokenizer decodes the same text without transformers' per-call Python overhead
+        backend = getattr(tokenizer, "_tokenizer", None)
+        plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._fast = backend.decode if backend is not None and plain and hasattr(backend, "decode") else None
         self.ids: list[int] = list(prompt_ids[-_WINDOW:])
         self.prefix = 0
         self.read = len(self.ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._fast is not None:
+            return self._fast(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def step(self, token_id: int) -> str:
