@@ -68,8 +68,8 @@ class DialogueStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         rng = random.Random(self.seed * 1000 + (info.id if info else 0))
         encoder = DialogueEncoder(self.tokenizer_file)
-        while True:
-            yield make_batch(encoder, rng, self.batch_size)
+        while True:  # numpy crosses the worker pipe by pickle; tensors would need /dev/shm (see train.py)
+            yield {k: v.numpy() for k, v in make_batch(encoder, rng, self.batch_size).items()}
 
 
 def make_batch(encoder: DialogueEncoder, rng: random.Random, batch_size: int) -> dict[str, torch.Tensor]:

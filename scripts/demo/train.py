@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,18 +69,26 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=cfg.device.startswith("cuda"))
 
 
+def _identity(batch):
+    return batch
+
+
 def train(cfg: TrainConfig, log) -> tuple[LlavaForConditionalGeneration, list[tuple[int, float]], dict]:
     torch.manual_seed(cfg.seed)
     config = AutoConfig.from_pretrained(MODEL_DIR)
     model = LlavaForConditionalGeneration(config).float().to(cfg.device).train()
     optimizer = make_optimizer(model, cfg)
     stream = DialogueStream(str(MODEL_DIR / "tokenizer.json"), cfg.batch_size, cfg.data_seed)
+    # Worker batches travel through /dev/shm as tensors, or pickled through a pipe where shm is small.
+    big_shm = os.path.exists("/dev/shm") and shutil.disk_usage("/dev/shm").free > 8 * 2**30
+    log(f"/dev/shm large: {big_shm}")
     loader = torch.utils.data.DataLoader(
         stream,
         batch_size=None,
         num_workers=cfg.workers,
-        pin_memory=cfg.device.startswith("cuda"),
-        prefetch_factor=8 if cfg.workers else None,
+        collate_fn=torch.utils.data.default_convert if big_shm else _identity,
+        pin_memory=cfg.device.startswith("cuda") and big_shm,
+        prefetch_factor=4 if cfg.workers else None,
     )
     amp = (
         torch.autocast("cuda", dtype=torch.bfloat16)
@@ -94,9 +104,9 @@ def train(cfg: TrainConfig, log) -> tuple[LlavaForConditionalGeneration, list[tu
         lr = learning_rate(cfg, step, time.perf_counter() - start)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        input_ids = batch["input_ids"].to(cfg.device, non_blocking=True)  # [B, L]
-        labels = batch["labels"].to(cfg.device, non_blocking=True)  # [B, L]
-        images = batch["images"].to(cfg.device, non_blocking=True)  # [n, H, W, 3] uint8
+        batch = {k: torch.as_tensor(v).to(cfg.device, non_blocking=True) for k, v in batch.items()}
+        input_ids, labels = batch["input_ids"], batch["labels"]  # [B, L] each
+        images = batch["images"]  # [n, H, W, 3] uint8
         pixel_values = normalize_images(images, CLIP_MEAN, CLIP_STD) if images.shape[0] else None
         with amp:
             logits = model(input_ids=input_ids, pixel_values=pixel_values).logits  # [B, L, vocab]
