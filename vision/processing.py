@@ -99,13 +99,27 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
     if getattr(processor, "chat_template", None) is None:
         raise InvalidRequestError("this model's processor has no chat template; it cannot take chat messages")
     text = processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
-    kwargs = {k: mm_options[k] for k in PROCESSOR_OPTIONS if mm_options.get(k) is not None}
+    kwargs = _image_kwargs(processor, mm_options)
     bos = getattr(processor.tokenizer, "bos_token", None)
     add_special = not (bos is not None and text.startswith(bos))
     outputs = processor(
         text=[text], images=images or None, return_tensors="pt", add_special_tokens=add_special, **kwargs
     )
     return outputs["input_ids"][0].tolist(), outputs, text, len(images)
+
+
+def _image_kwargs(processor, mm_options: Mapping) -> dict:
+    """Qwen's per-request pixel budget, as `size` where the image processor reads it from there."""
+    wanted = {k: int(mm_options[k]) for k in PROCESSOR_OPTIONS if mm_options.get(k) is not None}
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    try:
+        size = {k: v for k, v in dict(size).items() if v is not None}
+    except (TypeError, ValueError):
+        return wanted
+    if not wanted or "longest_edge" not in size:
+        return wanted
+    size.update({"shortest_edge" if k == "min_pixels" else "longest_edge": v for k, v in wanted.items()})
+    return {"size": size}
 
 
 def image_token_id(processor) -> int:

@@ -17,8 +17,11 @@ _MODELS: dict[str, str] = {
     "Qwen2ForCausalLM": "llm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "llm.models.qwen3:Qwen3ForCausalLM",
     "InternLM2ForCausalLM": "llm.models.internlm2:InternLM2ForCausalLM",
+    "Gemma3ForCausalLM": "llm.models.gemma3:Gemma3ForCausalLM",
     # vision-language models (vision/)
     "LlavaForConditionalGeneration": "vision.models.llava:LlavaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
 }
 
 

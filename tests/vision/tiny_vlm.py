@@ -94,6 +94,10 @@ def hf_generate(model, inputs: dict, max_new_tokens: int) -> tuple[list[int], to
                 prompt_logits = logits
             out.append(int(logits[-1].argmax()))
             ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+            if "mm_token_type_ids" in extra:  # M-RoPE models: the new token is text
+                extra["mm_token_type_ids"] = torch.cat(
+                    [extra["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.int)], 1
+                )
     return out, prompt_logits
 
 
@@ -145,3 +149,57 @@ def conversations(img) -> dict[str, list]:
         ],
         "text_only": [{"role": "user", "content": "Tell me about the quick brown fox."}],
     }
+
+
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -> Path:
+    """Qwen2-VL (version "2") or Qwen2.5-VL ("2.5") with 4px patches, 2x2 merge and a Qwen2 decoder."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )  # fmt: skip
+
+    out = Path(tmp_path) / f"tiny-qwen{version}-vl"
+    if (out / "config.json").exists():
+        return out
+    tok = make_tokenizer()
+    tok.add_tokens(QWEN_TOKENS, special_tokens=True)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    text = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    vision = dict(depth=2, num_heads=2, patch_size=4, temporal_patch_size=2, spatial_merge_size=2)
+    if version == "2":
+        vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2, hidden_act="quick_gelu")
+        config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    else:
+        vision.update(hidden_size=32, intermediate_size=48, out_hidden_size=64, window_size=16,
+                      fullatt_block_indexes=[1], hidden_act="silu")  # fmt: skip
+        config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    config = config_cls(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
+    )  # fmt: skip
+    model = model_cls(config)
+    _scale_weights(model, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    pixels = dict(min_pixels=8 * 8, max_pixels=48 * 48, patch_size=4, temporal_patch_size=2, merge_size=2)
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**pixels),
+        video_processor=Qwen2VLVideoProcessor(**pixels),
+        tokenizer=tok,
+        chat_template=template("<|vision_start|><|image_pad|><|vision_end|>"),
+    )
+    processor.save_pretrained(out)
+    return out

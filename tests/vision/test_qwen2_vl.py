@@ -1,0 +1,67 @@
+"""Qwen2-VL and Qwen2.5-VL end to end against transformers (M-RoPE, window attention), fp32 on CPU."""
+
+import pytest
+import torch
+from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+from llm import LLM
+from tests.vision import vlm_checks as checks
+from tests.vision.tiny_vlm import conversations, image, make_tiny_qwen_vl
+
+
+class QwenVL(checks.FamilyChecks):
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.hf_class = Qwen2VLForConditionalGeneration if version == "2" else Qwen2_5_VLForConditionalGeneration
+
+    def hf_inputs(self, prompt):
+        ids = torch.tensor([prompt.token_ids])
+        inputs = {"input_ids": ids}
+        if prompt.images:
+            inputs["pixel_values"] = torch.cat([i.data["pixel_values"] for i in prompt.images])
+            inputs["image_grid_thw"] = torch.cat([i.data["image_grid_thw"] for i in prompt.images])
+            placeholder = prompt.token_ids[prompt.images[0].offset]
+            inputs["mm_token_type_ids"] = (ids == placeholder).int()
+        return inputs
+
+
+@pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2-vl", "qwen2.5-vl"])
+def setup(request, tmp_path_factory):
+    checks_ = QwenVL(request.param)
+    model_dir = make_tiny_qwen_vl(tmp_path_factory.mktemp("qwen"), request.param)
+    family = checks_.setup_family(model_dir)
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+    return checks_, family, llm
+
+
+@pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])
+def test_prompt_logits_match_transformers(setup, name):
+    checks_, family, _ = setup
+    checks.check_logits(checks_, family, name)
+
+
+def test_batch_of_text_and_image_requests_matches_transformers(setup):
+    checks.check_llm_batch(*setup)
+
+
+def test_different_images_never_share_cached_blocks(setup):
+    checks.check_prefix_cache_separates_images(*setup)
+
+
+def test_image_embeddings_are_cached_by_content(setup):
+    checks.check_embeddings_cached(setup[2])
+
+
+def test_image_limit_per_request(setup):
+    checks.check_image_limit(setup[0], setup[2])
+
+
+def test_max_pixels_per_request_bounds_image_tokens(setup):
+    checks_, family, _ = setup
+    processor, ours, _ = family
+    conv = conversations(image)["one_image"]
+    full = type(ours).process_prompt(processor, conv, {})
+    small = type(ours).process_prompt(processor, conv, {"max_pixels": 16 * 16})
+    assert small.images[0].length < full.images[0].length
+    assert small.images[0].length * 4 * 4 * 4 <= 16 * 16
+    assert small.images[0].hash != full.images[0].hash
