@@ -25,7 +25,7 @@ import triton
 
 from kernels.attention import decode, prefill
 from kernels.attention import splits as split_model
-from kernels.attention.configs import table_for
+from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
 from kernels.device import get_device_info
 
 PAGE = 16
@@ -76,27 +76,87 @@ def copy_bandwidth_gbs():
     return 2 * src.numel() / (ms * 1e-3) / 1e9  # bytes read + written
 
 
-def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep):
+def decode_inputs(dtype, q_heads, kv_heads, batch, ctx):
     head_dim = 128
     kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
     sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
-    blocks_per_seq = ctx // PAGE
-    num_blocks = sets * batch * blocks_per_seq
+    num_blocks = sets * batch * (ctx // PAGE)
     k_cache = torch.randn(num_blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
-    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, batch, blocks_per_seq)
+    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, batch, ctx // PAGE)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, q_heads, head_dim, device="cuda", dtype=dtype)
+    return q, k_cache, v_cache, perm, seq_lens, kv_bytes
+
+
+def decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config):
+    """One decode call per block-table set (each set reads its own KV blocks)."""
+    scale = q.shape[-1] ** -0.5
+    return [
+        lambda t=t: decode.paged_decode_attention(
+            q, k_cache, v_cache, t, seq_lens, scale, None, splits, out, config=config
+        )
+        for t in perm
+    ]
+
+
+def tune_decode(device):
+    """Pick the sm_90 decode config (block_n, warps, stages) by the sum of times normalised per shape."""
+    shapes = [(32, 8, 1, 32768, 64), (32, 32, 128, 2048, 1), (32, 8, 32, 2048, 2), (32, 32, 1, 4096, 16)]
+    grid = [(64, 4, 3), (64, 4, 4), (64, 4, 2), (128, 4, 3), (128, 8, 3), (128, 8, 2), (32, 4, 4), (64, 8, 3)]
+    cands = [DecodeConfig(n, w, st, 4) for n, w, st in grid]
+    times = {c: [] for c in cands}
+    for q_heads, kv_heads, batch, ctx, splits in shapes:
+        q, k_cache, v_cache, perm, seq_lens, _ = decode_inputs(torch.float16, q_heads, kv_heads, batch, ctx)
+        out = torch.empty_like(q)
+        for c in cands:
+            times[c].append(graph_time_us(decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, c)))
+        best = min(times[c][-1] for c in cands)
+        for c in cands:
+            times[c][-1] /= best
+        torch.cuda.empty_cache()
+    ranked = sorted(cands, key=lambda c: sum(times[c]))
+    print("decode configs (normalised time per shape):", [(str(c), [round(x, 3) for x in times[c]]) for c in ranked])
+    return ranked[0], {str(c): times[c] for c in cands}
+
+
+def tune_prefill(device):
+    cands = [PrefillConfig(*c) for c in
+             [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
+              (128, 32, 8, 4), (128, 64, 8, 4)]]  # fmt: skip
+    length, q_heads, kv_heads, head_dim = 16384, 32, 8, 128
+    k_cache = torch.randn(length // PAGE, PAGE, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(length // PAGE, device="cuda").to(torch.int32).view(1, -1)
+    q = torch.randn(length, q_heads, head_dim, device="cuda", dtype=torch.float16)
+    cu = torch.tensor([0, length], device="cuda", dtype=torch.int32)
+    lens = torch.tensor([length], device="cuda", dtype=torch.int32)
+    times = {}
+    for c in cands:
+
+        def run(c=c):
+            return prefill.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.088, length, config=c)
+
+        try:
+            times[c] = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+        except Exception as e:  # a config that does not fit the shared memory
+            print("prefill config", c, "failed:", type(e).__name__)
+    ranked = sorted(times, key=times.get)
+    print("prefill configs (ms):", [(str(c), round(times[c], 3)) for c in ranked])
+    return ranked[0], {str(c): times[c] for c in times}
+
+
+def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=None):
+    head_dim = 128
+    q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
+    sets = perm.shape[0]
     out = torch.empty_like(q)
     scale = head_dim**-0.5
 
     def ours(splits):
-        return [
-            lambda t=perm[s]: decode.paged_decode_attention(q, k_cache, v_cache, t, seq_lens, scale, None, splits, out)
-            for s in range(sets)
-        ]
+        return decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config)
 
-    heur = decode.decode_splits(q, k_cache, perm[0], device)
+    heur = decode.decode_splits(q, k_cache, perm[0], device, config)
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
     row["heuristic_splits"] = heur
     row["ours_us"] = graph_time_us(ours(heur))
@@ -118,7 +178,7 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep):
     return row
 
 
-def bench_prefill(dtype, batch, length, device):
+def bench_prefill(dtype, batch, length, device, config=None):
     q_heads, kv_heads, head_dim = 32, 8, 128
     blocks = batch * length // PAGE
     k_cache = torch.randn(blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
@@ -131,7 +191,7 @@ def bench_prefill(dtype, batch, length, device):
     flops = 4 * batch * q_heads * length * length * head_dim / 2  # causal: half the score matrix
 
     def ours():
-        return prefill.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, scale, length)
+        return prefill.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, scale, length, config=config)
 
     ms = triton.testing.do_bench(ours, warmup=25, rep=200, return_mode="median")
     # SDPA: the same K/V as a contiguous [batch, heads, L, d] tensor, expanded to the query heads
@@ -179,6 +239,7 @@ def markdown(res):
         f"# Attention kernels on {res['device']}", "",
         f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
         f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
+        f"Decode config {res['decode_config']}; prefill config {res['prefill_config']}.", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
         "| dtype | heads | B | L | KV MB | splits (heur) | ours us | best fixed (splits) us | SDPA us "
         "| speedup vs SDPA | ours BW frac | SDPA BW frac |",
@@ -210,6 +271,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
+    parser.add_argument("--tune", action="store_true", help="first pick the decode/prefill configs by a sweep")
     args = parser.parse_args()
     device = get_device_info()
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
@@ -218,13 +280,18 @@ def main():
            "decode_config": str(table_for(device).decode_config(128)),
            "prefill_config": str(table_for(device).prefill_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
+    dec_cfg = pre_cfg = None
+    if args.tune:
+        dec_cfg, res["tune_decode"] = tune_decode(device)
+        pre_cfg, res["tune_prefill"] = tune_prefill(device)
+        res["decode_config"], res["prefill_config"] = str(dec_cfg), str(pre_cfg)
     bw = res["copy_gbs"] * 1e3  # bytes per microsecond
     res["decode"], res["prefill"] = [], []
     shapes = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     for dtype in (torch.float16, torch.bfloat16):
         for q_heads, kv_heads in ((32, 32), (32, 8)):
             for batch, ctx in shapes:
-                r = bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, SWEEP)
+                r = bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, SWEEP, dec_cfg)
                 r["dtype"] = str(dtype).removeprefix("torch.")
                 r["bw_frac"] = r["kv_mb"] * 2**20 / r["ours_us"] / bw
                 r["sdpa_bw_frac"] = r["kv_mb"] * 2**20 / r["sdpa_us"] / bw
@@ -235,7 +302,7 @@ def main():
                       f"sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
     for dtype in (torch.float16, torch.bfloat16):
         for batch, length in PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES:
-            r = bench_prefill(dtype, batch, length, device)
+            r = bench_prefill(dtype, batch, length, device, pre_cfg)
             r["dtype"] = str(dtype).removeprefix("torch.")
             res["prefill"].append(r)
             torch.cuda.empty_cache()

@@ -109,11 +109,13 @@ TABLES: dict[str, ArchTable] = {
         decode={64: D(64, 4, 2, 4), 128: D(64, 4, 2, 2), 256: D(32, 4, 2, 2)},
         prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
     ),
-    # 227 KB smem per block, wgmma: 128-row tiles with 8 warps (two warp groups), 3 stages.
+    # 227 KB smem per block, wgmma: 128x128 prefill tiles with 8 warps (two warp groups), 3 stages; decode with 4
+    # stages keeps ~64 KB of K/V in flight per CTA. Both picked by the H200 sweep in benchmarks/attention.py --tune
+    # (decode: 8 candidates x 4 shapes, 64/4/4 best or within 1%; prefill: 8 candidates at L=16k, 128/128/8/3 best).
     "sm_90": ArchTable(
         "sm_90", True, 4000.0,
-        decode={64: D(64, 4, 3, 4), 128: D(64, 4, 3, 4), 256: D(32, 4, 3, 2)},
-        prefill={64: P(128, 64, 4, 3), 128: P(128, 64, 8, 3), 256: P(64, 64, 8, 2)},
+        decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
+        prefill={64: P(128, 64, 4, 3), 128: P(128, 128, 8, 3), 256: P(64, 64, 8, 2)},
     ),
 }  # fmt: skip
 

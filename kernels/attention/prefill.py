@@ -182,29 +182,32 @@ def launch(q, k, v, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, win
     return out
 
 
+def prepare(q, k, v, device, config, out):
+    """Checks shared by prefill and varlen (k, v: caches or rows, heads in dim -2); returns (config, out)."""
+    from kernels.attention import device_for
+
+    if q.shape[1] % k.shape[-2]:
+        raise ValueError(f"q_heads {q.shape[1]} is not a multiple of kv_heads {k.shape[-2]}")
+    if q.dtype != k.dtype or v.dtype != k.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("the last (head_dim) dimension of q, k and v must be contiguous")
+    table = table_for(device or device_for(q))
+    check_dtype(table, q.dtype)
+    return config or table.prefill_config(q.shape[-1]), torch.empty_like(q) if out is None else out
+
+
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
     sliding_window=None, softcap=0.0, *, device=None, config: PrefillConfig | None = None, out=None,
 ):  # fmt: skip
-    """Triton paged prefill; `device`/`config` override the arch table (tests run other archs' configs); `out` receives the result."""
+    """Triton paged prefill; `device`/`config` override the arch table (tests run other archs' configs)."""
     # q: [total_q, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
-    from kernels.attention import device_for
-
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
         raise ValueError("q must be [tokens, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]")
-    if q.shape[1] % k_cache.shape[2]:
-        raise ValueError(f"q_heads {q.shape[1]} is not a multiple of kv_heads {k_cache.shape[2]}")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("the last (head_dim) dimension of q and the caches must be contiguous")
     if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32:
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
-    device = device or device_for(q)
-    table = table_for(device)
-    check_dtype(table, q.dtype)
-    config = config or table.prefill_config(q.shape[-1])
-    out = torch.empty_like(q) if out is None else out
+    config, out = prepare(q, k_cache, v_cache, device, config, out)
     if q.shape[0] == 0:
         return out
     return launch(

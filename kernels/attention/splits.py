@@ -16,8 +16,7 @@ The model (all inputs are host-known, so it runs under CUDA graph capture):
     time(splits) = sum over waves (full waves of `slots`, then the remainder)
                  + (splits > 1) * (T_REDUCE + partial bytes / bandwidth)
 
-and the choice is the smallest split count within 3% of the best modelled time
-(fewer splits: less reduce traffic, less partial memory). Compared with a fixed
+and the choice is the split count of the least modelled time (the smallest on a tie). Compared with a fixed
 "fill the SMs once" rule (lmdeploy's GetSplitCount, SGLang's num_kv_splits)
 this accounts for the last partial wave, for CTAs that do not saturate memory on
 their own, and for the reduce's cost, and it never splits below BLOCK_N tokens.
@@ -35,10 +34,12 @@ from __future__ import annotations
 import math
 
 MAX_SPLITS = 64  # upper bound of any split count; sizes the partial buffers [batch, q_heads, splits, head_dim] fp32
-SAT_CTAS_PER_SM = 2  # CTAs per SM needed to saturate HBM with 2-3 stage decode pipelines
-T0_US = 1.5  # per-wave prologue/epilogue latency (block-table, q and seq_len loads; partial write)
+# Fitted on an H200 sweep (benchmarks/results/attention_NVIDIA_H200.*: 16 shapes x splits 1..64): decode streams at
+# full bandwidth only with ~3 CTAs per SM in flight (about 512 CTAs on 132 SMs); the fixed costs are small next to it.
+SAT_CTAS_PER_SM = 3  # CTAs per SM needed to saturate HBM with 3-stage decode pipelines
+T0_US = 1.0  # per-wave prologue/epilogue latency (block-table, q and seq_len loads; partial write)
 T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
-TIE = 1.03  # within 3% of the best modelled time, prefer fewer splits
+TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
 
 
 def modelled_time_us(

@@ -83,7 +83,8 @@ def test_decode_window_and_softcap(window, softcap, splits):
     assert_close(out, ref, torch.float16)
 
 
-@pytest.mark.parametrize("arch", list(ARCHS), ids=str)
+# On CPU the interpreter ignores warps and stages: one arch per distinct block_n (sm_86..sm_90 share sm_80's).
+@pytest.mark.parametrize("arch", list(ARCHS) if ON_GPU else ["sm_70", "sm_80"], ids=str)
 def test_decode_every_arch_config_runs_here(arch):
     """Each arch's decode config (block_n, warps, stages) computes the right thing on this device."""
     device = sim_device(ARCHS[arch])
