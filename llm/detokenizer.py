@@ -53,6 +53,9 @@ class IncrementalDetokenizer:
         self._text = ""  # decoded so far, released or held back
         self._released = 0  # chars of _text handed out
         self.stop_string: str | None = None  # the stop string that ended the text, if any
+        backend = getattr(tokenizer, "_tokenizer", None)  # the Rust `tokenizers.Tokenizer` of a fast tokenizer
+        plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._backend_decode = backend.decode if plain and callable(getattr(backend, "decode", None)) else None
 
     @property
     def text(self) -> str:
@@ -64,6 +67,8 @@ class IncrementalDetokenizer:
         return self.stop_string is not None
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:  # same text, without transformers' per-call Python overhead
+            return self._backend_decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add_token(self, token_id: int, check_stop: bool = True) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from llm.errors import InvalidRequestError
+from llm.tokenizer import apply_chat_template
 
 
 @dataclass(slots=True)
@@ -76,13 +77,6 @@ def _has_images(messages: list[Mapping]) -> bool:
     return False
 
 
-def _chat_token_ids(tokenizer, messages: list[Mapping]) -> list[int]:
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise InvalidRequestError("this model's tokenizer has no chat template; send a plain text prompt instead")
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
 def normalize_prompt(
     prompt: Any,
     tokenizer,
@@ -110,7 +104,7 @@ def normalize_prompt(
             return model_cls.process_prompt(processor, list(prompt), dict(mm_options or {}))
         if _has_images(prompt):
             raise InvalidRequestError("this model reads text only; remove the image parts or serve a vision model")
-        return MultiModalPrompt(token_ids=_chat_token_ids(tokenizer, prompt))
+        return MultiModalPrompt(token_ids=apply_chat_template(tokenizer, list(prompt)))
     raise InvalidRequestError(
         "a prompt must be a string, a non-empty list of token ids, or a non-empty list of chat messages; "
         f"got {type(prompt).__name__}"

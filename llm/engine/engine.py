@@ -22,6 +22,7 @@ from llm.errors import InvalidRequestError, PromptTooLongError
 from llm.inputs import normalize_prompt
 from llm.outputs import RequestOutput
 from llm.sampling_params import SamplingParams
+from llm.tokenizer import load_tokenizer, stop_token_ids
 from llm.weights import load_hf_config
 
 logger = logging.getLogger(__name__)
@@ -38,31 +39,6 @@ def _max_model_len(hf_config, override: int | None) -> int:
     return override
 
 
-def _eos_token_ids(hf_config, tokenizer, model_dir: str) -> list[int]:
-    ids: set[int] = set()
-    for source in (hf_config, _generation_config(model_dir)):
-        eos = getattr(source, "eos_token_id", None)
-        ids.update([eos] if isinstance(eos, int) else (eos or []))
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
-
-
-def _generation_config(model_dir: str):
-    try:
-        from transformers import GenerationConfig
-
-        return GenerationConfig.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError):
-        return None
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -71,7 +47,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.processor = None  # multimodal models load their HF processor lazily (see _processor)
         self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
-        self.eos_token_ids = _eos_token_ids(self.hf_config, self.tokenizer, config.model)
+        self.eos_token_ids = stop_token_ids(self.tokenizer, config.model, self.hf_config)
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
             sched.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step

@@ -144,22 +144,3 @@ def test_logprobs_match_transformers(model_dir, prompts, reference):
         token = reference[0][step]
         assert list(entry)[0] == token and len(entry) == 2
         assert entry[token] == pytest.approx(ref[step, token].item(), abs=1e-4)
-
-
-def test_incremental_detokenizer_equals_full_decode(model_dir):
-    """Random ids (broken UTF-8 included): streamed text is always a prefix of decode(all ids), never a � mid-way."""
-    import random
-
-    from llm.engine.detokenizer import IncrementalDetokenizer
-    from tests.llm.tiny import make_tokenizer
-
-    tok = make_tokenizer()
-    rng = random.Random(0)
-    for _ in range(50):
-        ids = [rng.randrange(len(tok)) for _ in range(40)]
-        detok = IncrementalDetokenizer(tok, [tok.bos_token_id], skip_special_tokens=True)
-        pieces = [detok.step(i) for i in ids]
-        full = tok.decode(ids, skip_special_tokens=True)
-        text = "".join(pieces)
-        assert full.startswith(text) and (text == full or full.endswith("\ufffd"))
-        assert not any(p.endswith("\ufffd") for p in pieces)
