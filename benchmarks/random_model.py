@@ -1,0 +1,83 @@
+"""Random-weight Hugging Face model directories at real model shapes, for GPU benchmarks.
+
+Throughput does not depend on weight values when generation lengths are fixed, so
+benchmarks build a model of the right shape with random weights, save it as an HF
+directory (config.json, safetensors, a word-level tokenizer covering the vocab)
+and load it into both vlchat and transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # name: (LlamaConfig fields)
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0),
+    "vicuna-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                       num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
+                      rope_theta=500000.0),
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=32000, max_position_embeddings=8192, rope_theta=500000.0),
+}  # fmt: skip
+
+
+def word_level_tokenizer(vocab_size: int):
+    """A tokenizer with exactly `vocab_size` tokens (`<s>`, `</s>`, then `t2`, `t3`, ...), built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "</s>": 1}
+    vocab.update({f"t{i}": i for i in range(2, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="t2")
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    return fast
+
+
+def build(
+    shape: str,
+    out_dir: str | os.PathLike,
+    dtype: torch.dtype = torch.float16,
+    device: str = "cuda",
+    num_layers: int | None = None,
+    return_model: bool = False,
+    **overrides,
+):
+    """Write a random `shape` model to `out_dir` (skipped when it is there); optionally return the HF model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields = dict(SHAPES[shape])
+    if num_layers is not None:
+        fields["num_hidden_layers"] = num_layers
+    fields.update(overrides)
+    config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                         torch_dtype=str(dtype).removeprefix("torch."))  # fmt: skip
+    out = Path(out_dir)
+    model = None
+    if return_model or not (out / "config.json").exists():
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(dtype)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.02)
+                else:
+                    p.fill_(1.0)
+        if not (out / "config.json").exists():
+            model.save_pretrained(out, max_shard_size="5GB")
+            word_level_tokenizer(config.vocab_size).save_pretrained(out)
+            (out / "vlchat_bench.json").write_text(json.dumps({"shape": shape, "random_weights": True}))
+    return (out, model) if return_model else out

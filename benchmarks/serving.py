@@ -1,0 +1,285 @@
+"""Serving benchmark: request throughput and latency under load.
+
+Drives vlchat's engine in-process (`--backend vlchat`), a running `vlchat serve`
+over its OpenAI API with streaming (`--backend openai --base-url ...`), or
+transformers' own continuous batching on the same workload (`--backend
+transformers`, the peer). Several backends in one run share the workload.
+
+    python -m benchmarks.serving --shape llama2-7b --num-prompts 1000 --concurrency 128 \
+        --backend vlchat transformers --out benchmarks/results/serving-llama2-7b
+
+Prints a table of req/s, input and output tok/s, TTFT/TPOT/ITL mean/median/p99, and
+writes <out>.json, <out>.md and <out>.png (latency percentiles and throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from benchmarks import random_model, workloads
+from benchmarks.serving_metrics import RequestRecord, summarize, table
+
+
+async def _run_requests(requests, arrivals, concurrency, one_request) -> tuple[list, float]:
+    sem = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(requests), desc="requests", unit="req", mininterval=2.0)
+    start = time.perf_counter()
+
+    async def task(i, req):
+        await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+        async with sem:
+            rec = RequestRecord(prompt_len=req.prompt_len, send_time=time.perf_counter())
+            try:
+                await one_request(i, req, rec)
+            except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal
+                rec.ok, rec.error = False, f"{type(e).__name__}: {e}"[:300]
+            bar.update(1)
+            return rec
+
+    records = await asyncio.gather(*(task(i, r) for i, r in enumerate(requests)))
+    duration = time.perf_counter() - start
+    bar.close()
+    return list(records), duration
+
+
+def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict]:
+    from llm import AsyncEngine, SamplingParams
+
+    engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                                      max_num_batched_tokens=args.max_num_batched_tokens,
+                                      enforce_eager=args.enforce_eager)  # fmt: skip
+
+    async def one(i, req, rec):
+        params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
+        seen = 0
+        async for out in engine.generate(f"bench-{i}", req.prompt_token_ids, params):
+            n = len(out.outputs[0].token_ids)
+            if n > seen:
+                rec.token_times.append(time.perf_counter())
+                rec.chunk_tokens.append(n - seen)
+                seen = n
+        rec.output_len = seen
+
+    async def main():
+        # warm-up: a few requests outside the timed run (kernels compile, graphs capture)
+        warm = [workloads.BenchRequest(r.prompt_token_ids, 8) for r in requests[:4]]
+        await _run_requests(warm, [0.0] * len(warm), 4, one)
+        return await _run_requests(requests, arrivals, args.concurrency, one)
+
+    records, duration = asyncio.run(main())
+    info = {"kv_blocks_free_after": engine.num_free_blocks()}
+    engine.shutdown()
+    return records, duration, info
+
+
+def bench_openai(base_url, requests, arrivals, args) -> tuple[list, float, dict]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+    async def main():
+        limits = httpx.Limits(max_connections=args.concurrency + 8)
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=3600, limits=limits) as client:
+            model = (await client.get("/v1/models")).json()["data"][0]["id"]
+
+            async def one(i, req, rec):
+                text = req.prompt_text or " ".join(f"t{t}" for t in req.prompt_token_ids)
+                body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
+                        "max_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0,
+                        "stream_options": {"include_usage": True}}  # fmt: skip
+                async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    if resp.status_code != 200:
+                        raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunk = json.loads(line[6:])
+                        if chunk.get("usage"):
+                            rec.output_len = chunk["usage"]["completion_tokens"]
+                            rec.prompt_len = chunk["usage"]["prompt_tokens"]
+                        if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                            rec.token_times.append(time.perf_counter())
+                            rec.chunk_tokens.append(1)
+
+            return await _run_requests(requests, arrivals, args.concurrency, one)
+
+    records, duration = asyncio.run(main())
+    return records, duration, {"base_url": base_url}
+
+
+def bench_transformers(model, requests, args) -> tuple[list, float, dict]:
+    """transformers' continuous batching: per-request max_new_tokens, EOS disabled."""
+    import inspect
+
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max(r.output_len for r in requests), do_sample=False,
+                           eos_token_id=-1, pad_token_id=0)  # fmt: skip
+    records = []
+    with model.continuous_batching_context_manager(generation_config=gen) as manager:
+        accepts = inspect.signature(manager.add_request).parameters
+        start = time.perf_counter()
+        by_id = {}
+        for i, req in enumerate(requests):
+            kwargs = {"request_id": f"r{i}", "max_new_tokens": req.output_len}
+            if "streaming" in accepts:
+                kwargs["streaming"] = True
+            if "eos_token_id" in accepts:
+                kwargs["eos_token_id"] = -1
+            rec = RequestRecord(prompt_len=req.prompt_len, send_time=start)
+            by_id[kwargs["request_id"]] = rec
+            records.append(rec)
+            manager.add_request(req.prompt_token_ids, **kwargs)
+        finished = 0
+        bar = tqdm(total=len(requests), desc="transformers", unit="req", mininterval=2.0)
+        while finished < len(requests):
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    break
+                continue
+            rec = by_id[result.request_id]
+            n = len(result.generated_tokens)
+            if n > rec.output_len:
+                rec.token_times.append(time.perf_counter())
+                rec.chunk_tokens.append(n - rec.output_len)
+                rec.output_len = n
+            if result.is_finished():
+                finished += 1
+                bar.update(1)
+        duration = time.perf_counter() - start
+        bar.close()
+    for rec in records:
+        if not rec.token_times:
+            rec.ok, rec.error = False, "no result"
+    return records, duration, {"note": "all requests submitted at t=0; the manager schedules them"}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(results)
+    for name in names:
+        s = results[name]
+        axes[0].plot(["mean", "median", "p99"], [s["ttft_ms"][k] or 0 for k in ("mean", "median", "p99")],
+                     marker="o", label=f"{name} TTFT")  # fmt: skip
+        axes[0].plot(["mean", "median", "p99"], [s["tpot_ms"][k] or 0 for k in ("mean", "median", "p99")],
+                     marker="s", linestyle="--", label=f"{name} TPOT")  # fmt: skip
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("ms")
+    axes[0].set_title("latency")
+    axes[0].legend(fontsize=7)
+    axes[1].bar(names, [results[n]["request_throughput"] for n in names], color="tab:blue")
+    axes[1].set_ylabel("requests / s")
+    axes[1].set_title("throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def environment() -> dict:
+    import transformers
+    import triton
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "date": datetime.date.today().isoformat()}  # fmt: skip
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", nargs="+", default=["vlchat"], choices=["vlchat", "openai", "transformers"])
+    p.add_argument("--base-url", default="http://127.0.0.1:7860")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--model", help="model directory (default: a random-weight --shape model)")
+    p.add_argument("--shape", default="llama2-7b", choices=sorted(random_model.SHAPES))
+    p.add_argument("--num-layers", type=int, default=None, help="override the shape's layer count (smoke runs)")
+    p.add_argument("--model-dir", default="/tmp/vlchat-bench-model")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--dataset", help="ShareGPT json; default: the built-in sharegpt-like-v1 workload")
+    p.add_argument("--images", action="store_true", help="one image per request (VLMs, openai backend)")
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf: all)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="results path prefix (writes .json, .md, .png)")
+    args = p.parse_args(argv)
+
+    dtype = getattr(torch, args.dtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model_dir, hf_model = Path(args.model) if args.model else None, None
+    if model_dir is None and "openai" not in args.backend:
+        need_hf = "transformers" in args.backend
+        built = random_model.build(args.shape, args.model_dir, dtype=dtype, num_layers=args.num_layers,
+                                   device=device, return_model=need_hf)  # fmt: skip
+        model_dir, hf_model = built if need_hf else (built, None)
+    if args.dataset:
+        from transformers import AutoTokenizer
+
+        requests = workloads.from_sharegpt_file(
+            args.dataset, args.num_prompts, AutoTokenizer.from_pretrained(model_dir)
+        )
+    else:
+        vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"] if model_dir else 32000
+        requests = workloads.sharegpt_like_v1(args.num_prompts, vocab, seed=args.seed, special_ids=(0, 1))
+    if args.images:
+        requests = workloads.with_images(requests, seed=args.seed)
+    arrivals = workloads.arrival_times(len(requests), args.request_rate, seed=args.seed)
+
+    results, extra = {}, {}
+    for backend in args.backend:
+        if backend == "vlchat":
+            records, duration, info = bench_vlchat(model_dir, requests, arrivals, args)
+        elif backend == "openai":
+            records, duration, info = bench_openai(args.base_url, requests, arrivals, args)
+        else:
+            if hf_model is None:
+                from transformers import AutoModelForCausalLM
+
+                hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+            hf_model.eval()
+            records, duration, info = bench_transformers(hf_model, requests, args)
+        results[backend] = summarize(records, duration)
+        extra[backend] = info
+        print(f"{backend}: {results[backend]['request_throughput']:.2f} req/s in {duration:.1f} s", flush=True)
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+    report = {"environment": environment(), "workload": {
+        "name": args.dataset or "sharegpt-like-v1", "num_prompts": len(requests), "concurrency": args.concurrency,
+        "request_rate": args.request_rate, "shape": args.shape, "num_layers": args.num_layers, "dtype": args.dtype,
+        "mean_prompt_len": sum(r.prompt_len for r in requests) / len(requests),
+        "mean_output_len": sum(r.output_len for r in requests) / len(requests)},
+        "results": results, "backend_info": extra}  # fmt: skip
+    md = table(results)
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+        env = report["environment"]
+        header = (f"# Serving benchmark\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
+                  f"transformers {env['transformers']}, {env['date']}\n\n"
+                  f"Workload: {json.dumps(report['workload'])}\n\n")  # fmt: skip
+        out.with_suffix(".md").write_text(header + md + "\n")
+        plot(results, out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
