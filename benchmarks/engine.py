@@ -27,6 +27,7 @@ import os
 import platform
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -206,7 +207,11 @@ def main() -> None:
         load_s = time.perf_counter() - t0
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
         vocab = hf.config.vocab_size
-        entry = run_correctness(llm, hf, prompts(vocab), device)
+        try:
+            entry = run_correctness(llm, hf, prompts(vocab), device)
+        except Exception as e:  # noqa: BLE001 - report it and go on to the speed runs
+            traceback.print_exc()
+            entry = {"error": repr(e), "comparisons": {}, "first_token_logprob_abs_err": float("nan")}
         entry["engine_start_s"] = round(load_s, 1)
         entry["kv_blocks"] = llm.engine.runner.num_blocks
         entry["cuda_graphs"] = llm.engine.runner.graphs is not None
@@ -223,7 +228,11 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in hf_bench.parameters())
     speed = []
     for batch in batches:
-        graphs = decode_steps_per_s(bench_llm, batch, 128, steps, cfg.vocab_size)
+        try:
+            graphs = decode_steps_per_s(bench_llm, batch, 128, steps, cfg.vocab_size)
+        except Exception:  # noqa: BLE001 - keep the rows measured so far
+            traceback.print_exc()
+            break
         saved, bench_llm.engine.runner.graphs = bench_llm.engine.runner.graphs, None
         eager = decode_steps_per_s(bench_llm, batch, 128, steps, cfg.vocab_size)
         bench_llm.engine.runner.graphs = saved

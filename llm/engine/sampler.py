@@ -45,9 +45,9 @@ class Sampler:
         if any(p.uses_penalties for p in params):
             logits = self._apply_penalties(logits.clone(), seqs)
         logits = self._mask_early_stops(logits, seqs)
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         tokens = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
+        if not all(p.greedy for p in params):
+            greedy = torch.tensor([p.greedy for p in params], device=logits.device)
             tokens = torch.where(greedy, tokens, self._draw(logits, seqs))
         token_list = tokens.tolist()
         return SamplerOutput(token_list, self._logprobs(raw_logprobs, tokens, token_list, params))
