@@ -22,6 +22,7 @@ _MODELS: dict[str, str] = {
     "LlavaForConditionalGeneration": "vision.models.llava:LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
+    "InternVLForConditionalGeneration": "vision.models.internvl:InternVLForConditionalGeneration",
 }
 
 

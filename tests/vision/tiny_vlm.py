@@ -76,7 +76,7 @@ def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") ->
     return out
 
 
-def image(seed: int, size: tuple[int, int] = (40, 32)) -> Image.Image:
+def image(seed: int, size: tuple[int, int] = (56, 28)) -> Image.Image:
     g = torch.Generator().manual_seed(seed)
     pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8)
     return Image.fromarray(pixels.numpy())
@@ -200,6 +200,60 @@ def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -
         video_processor=Qwen2VLVideoProcessor(**pixels),
         tokenizer=tok,
         chat_template=template("<|vision_start|><|image_pad|><|vision_end|>"),
+    )
+    processor.save_pretrained(out)
+    return out
+
+
+INTERNVL_TOKENS = {
+    "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}  # fmt: skip
+
+
+def make_tiny_internvl(tmp_path: str | Path, seed: int = 0) -> Path:
+    """InternVL with 28px tiles (up to 4 + thumbnail), 7px patches, 2x2 pixel shuffle, a Qwen2 decoder."""
+    from transformers import (
+        GotOcr2ImageProcessor,
+        InternVLConfig,
+        InternVLForConditionalGeneration,
+        InternVLProcessor,
+        InternVLVideoProcessor,
+        PreTrainedTokenizerFast,
+    )  # fmt: skip
+
+    out = Path(tmp_path) / "tiny-internvl"
+    if (out / "config.json").exists():
+        return out
+    base = make_tokenizer()
+    base.add_tokens(list(INTERNVL_TOKENS.values()), special_tokens=True)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=base.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        extra_special_tokens=INTERNVL_TOKENS,
+    )  # fmt: skip
+    text = dict(
+        model_type="qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=[28, 28],
+        patch_size=[7, 7], use_qk_norm=False, attention_bias=True, use_mean_pooling=True,
+    )  # fmt: skip
+    config = InternVLConfig(
+        vision_config=vision, text_config=text, image_token_id=tok.context_image_token_id, image_seq_length=4,
+        vision_feature_layer=-1, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = InternVLForConditionalGeneration(config)
+    _scale_weights(model, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    tiles = dict(size={"height": 28, "width": 28})
+    processor = InternVLProcessor(
+        image_processor=GotOcr2ImageProcessor(**tiles, crop_to_patches=True, min_patches=1, max_patches=4),
+        video_processor=InternVLVideoProcessor(**tiles),
+        tokenizer=tok,
+        image_seq_length=4,
+        chat_template=template("<IMG_CONTEXT>\n"),
     )
     processor.save_pretrained(out)
     return out

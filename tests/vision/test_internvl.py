@@ -1,0 +1,58 @@
+"""InternVL (HF-native: InternViT, pixel shuffle, Qwen2 decoder) end to end against transformers, fp32 on CPU."""
+
+import pytest
+import torch
+from transformers import InternVLForConditionalGeneration
+
+from llm import LLM
+from tests.vision import vlm_checks as checks
+from tests.vision.tiny_vlm import make_tiny_internvl
+
+
+class InternVL(checks.FamilyChecks):
+    hf_class = InternVLForConditionalGeneration
+
+    @staticmethod
+    def hf_inputs(prompt):
+        inputs = {"input_ids": torch.tensor([prompt.token_ids])}
+        if prompt.images:
+            inputs["pixel_values"] = torch.cat([i.data["pixel_values"] for i in prompt.images])
+        return inputs
+
+
+INTERNVL = InternVL()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_internvl(tmp_path_factory.mktemp("internvl"))
+
+
+@pytest.fixture(scope="module")
+def family(model_dir):
+    return INTERNVL.setup_family(model_dir)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+
+
+@pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])
+def test_prompt_logits_match_transformers(family, name):
+    checks.check_logits(INTERNVL, family, name)
+
+
+def test_tiles_per_image_follow_the_image_shape(family):
+    processor, ours, _ = family
+    prompt = INTERNVL.reference(family, checks.conversations(checks.image)["two_images"])[0]
+    assert [i.data["pixel_values"].shape[0] for i in prompt.images] == [i.length // 4 for i in prompt.images]
+    assert prompt.images[0].length > 4  # the 56x28 test images are cut into two tiles and a thumbnail
+
+
+def test_batch_of_text_and_image_requests_matches_transformers(family, llm):
+    checks.check_llm_batch(INTERNVL, family, llm)
+
+
+def test_different_images_never_share_cached_blocks(family, llm):
+    checks.check_prefix_cache_separates_images(INTERNVL, family, llm)
