@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,9 +26,14 @@ class VocabEmbedding(nn.Module):
         # input_ids: [tokens] -> [tokens, hidden]
         x = F.embedding(input_ids, self.weight)
         if self.scale is not None:
-            # the normaliser is rounded to the activation dtype first, as transformers does
-            x = x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
+            x = x * _rounded(self.scale, x.dtype)
         return x
+
+
+@functools.cache
+def _rounded(scale: float, dtype: torch.dtype) -> float:
+    """`scale` rounded to `dtype`, as transformers rounds the normaliser; a host float, so CUDA graphs can capture."""
+    return float(torch.tensor(scale, dtype=dtype))
 
 
 class LMHead(nn.Module):
