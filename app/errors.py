@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from llm.errors import PromptTooLongError, VLChatError
-
 
 class AppError(Exception):
     """A request the app refuses; the message says what to do instead."""
@@ -55,6 +53,8 @@ class PayloadTooLargeError(AppError):
 
 def is_user_error(exc: BaseException) -> bool:
     """True for errors whose message is meant for the user (shown as-is, never with a traceback)."""
+    from llm.errors import VLChatError  # imported here so that `vlchat --help` does not load the engine
+
     return isinstance(exc, (AppError, VLChatError))
 
 
@@ -67,6 +67,8 @@ def user_error_status(exc: BaseException) -> int:
 def user_error_code(exc: BaseException) -> str | None:
     if isinstance(exc, AppError):
         return exc.code
+    from llm.errors import PromptTooLongError
+
     if isinstance(exc, PromptTooLongError):
         return "context_length_exceeded"
     return getattr(exc, "code", None)

@@ -42,13 +42,13 @@ def count_images(messages: Sequence[dict]) -> int:
     )
 
 
-def sampling_params(**fields) -> SamplingParams:
-    """SamplingParams from the fields that were given (None means: the engine's default).
+def sampling_params(defaults: dict | None = None, **fields) -> SamplingParams:
+    """SamplingParams from the fields that were given (None: the server's default, else the engine's).
 
     An unset max_tokens means "up to the context length", as in the OpenAI API.
     """
-    given = {name: value for name, value in fields.items() if value is not None}
-    given.setdefault("max_tokens", None)
+    given = {"max_tokens": None, **(defaults or {})}
+    given.update((name, value) for name, value in fields.items() if value is not None)
     return SamplingParams(**given)
 
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from app import __version__
-from app.api.errors import error_response, install_error_handlers
+from app.api.errors import body_too_large, install_error_handlers
 from app.api.routes import build_router
 from app.model_choice import ModelChoice
 from app.settings import ServerConfig, quiet_gradio_defaults
@@ -38,6 +38,7 @@ class BodySizeLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
+                scope["vlchat.body_too_large"] = self.limit  # FastAPI turns the exception into a 400; see errors.py
                 raise _TooLarge
             return message
 
@@ -47,8 +48,7 @@ class BodySizeLimit:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope, receive, send):
-        message = f"the request body is larger than the server's limit of {self.limit} bytes; send smaller images"
-        await error_response(message, 413, code="request_too_large")(scope, receive, send)
+        await body_too_large(self.limit)(scope, receive, send)
 
 
 class _TooLarge(Exception):

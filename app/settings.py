@@ -50,6 +50,7 @@ class ServerConfig:
     max_n: int = 8
     max_stop_strings: int = 8
     analytics_enabled: bool = False
+    sampling_defaults: dict = field(default_factory=dict)  # under every request's own sampling fields
     engine_options: dict = field(default_factory=dict)
 
     def __post_init__(self):

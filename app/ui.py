@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from contextlib import aclosing
 
@@ -22,6 +23,7 @@ from app.settings import MediaLimits, ServerConfig
 log = logging.getLogger("vlchat.ui")
 
 DEFAULT_SYSTEM_PROMPT = ""
+UI_UPDATE_INTERVAL_S = 0.05
 EXAMPLE_PROMPTS = ("What shape is in this picture, and what color is it?", "Describe this image.")
 
 
@@ -75,22 +77,27 @@ def conversation(message: dict, history: Sequence[dict], system_prompt: str, lim
     return messages
 
 
-def make_respond(engine, limits: MediaLimits):
+def make_respond(engine, config: ServerConfig):
     async def respond(message, history, system_prompt, temperature, top_p, max_new_tokens):
         try:
-            prompt = await asyncio.to_thread(conversation, message, history, system_prompt or "", limits)
-            params = sampling_params(temperature=float(temperature), top_p=float(top_p), max_tokens=int(max_new_tokens))
+            prompt = await asyncio.to_thread(conversation, message, history, system_prompt or "", config.media)
+            sampling = {"temperature": float(temperature), "top_p": float(top_p), "max_tokens": int(max_new_tokens)}
+            params = sampling_params(config.sampling_defaults, **sampling)
         except Exception as exc:
             _warn(exc)
             return
-        text = ""
+        text, shown, last_shown = "", "", 0.0
         try:
             async with aclosing(fitted_outputs(engine, new_request_id("ui"), prompt, params)) as outputs:
                 async for output in outputs:
                     text = output.outputs[0].text
-                    yield text
+                    if time.monotonic() - last_shown >= UI_UPDATE_INTERVAL_S:  # not a browser redraw per token
+                        shown, last_shown = text, time.monotonic()
+                        yield text
         except Exception as exc:
             _warn(exc)
+        if text != shown:
+            yield text
 
     return respond
 
@@ -112,10 +119,9 @@ def header(model: ModelChoice) -> str:
 
 def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
     max_len = getattr(engine, "max_model_len", None) or 2048
-    limits = config.media
     with gr.Blocks(title=f"vlchat - {model.name}", analytics_enabled=config.analytics_enabled, fill_height=True) as ui:
         gr.Markdown(header(model), elem_id="model-name")
-        with gr.Accordion("Settings", open=False, render=False) as settings:
+        with gr.Accordion("Generation settings", open=False, render=False, elem_id="settings") as settings:
             system = gr.Textbox(DEFAULT_SYSTEM_PROMPT, label="System prompt", lines=2, render=False)
             temperature = gr.Slider(0.0, 2.0, value=0.7, step=0.05, label="Temperature", render=False)
             top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p", render=False)
@@ -124,7 +130,7 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
         images = model.example_images()
         examples = [[{"text": EXAMPLE_PROMPTS[i % 2], "files": [str(p)]}] for i, p in enumerate(images[:4])]
         gr.ChatInterface(
-            make_respond(engine, limits),
+            make_respond(engine, config),
             multimodal=True,
             chatbot=gr.Chatbot(label=model.name, elem_id="chatbot", scale=1, buttons=["copy"]),
             textbox=gr.MultimodalTextbox(
@@ -132,6 +138,8 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
                 file_count="multiple",
                 placeholder="Ask about an image: attach, drop or paste one or more",
                 sources=["upload"],
+                submit_btn=True,
+                stop_btn=True,
                 elem_id="prompt",
             ),
             additional_inputs=[system, temperature, top_p, max_new],

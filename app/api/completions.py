@@ -62,6 +62,7 @@ async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, mod
         else:
             prompt.append(engine_message(role, [message.content or ""]))
     params = sampling_params(
+        config.sampling_defaults,
         n=body.n,
         temperature=body.temperature,
         top_p=body.top_p,

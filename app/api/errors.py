@@ -9,7 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import AppError, VLChatError, is_user_error, user_error_code, user_error_status
+from app.errors import AppError, is_user_error, user_error_code, user_error_status
+from llm.errors import VLChatError
 
 log = logging.getLogger("vlchat.api")
 
@@ -31,6 +32,11 @@ def error_body(message: str, status: int, *, param: str | None = None, code: str
 def error_response(message: str, status: int, *, param: str | None = None, code: str | None = None) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(error_body(message, status, param=param, code=code), status_code=status, headers=headers)
+
+
+def body_too_large(limit: int) -> JSONResponse:
+    message = f"the request body is larger than the server's limit of {limit} bytes; send smaller images"
+    return error_response(message, 413, code="request_too_large")
 
 
 def user_error_response(exc: BaseException) -> JSONResponse:
@@ -67,6 +73,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_http(request: Request, exc: StarletteHTTPException):
         if not request.url.path.startswith("/v1"):
             return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        if "vlchat.body_too_large" in request.scope:
+            return body_too_large(request.scope["vlchat.body_too_large"])
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 400 and message == "There was an error parsing the body":
             message = "the request body could not be read: send UTF-8 encoded JSON"

@@ -4,7 +4,7 @@ import pytest
 
 from app.model_choice import EXAMPLES, ModelChoice
 from tests.app.live import start_engine, start_server
-from tests.llm.tiny import make_tiny_llama
+from tests.vision.tiny_vlm import make_tiny_llava
 
 API_KEY = "test-key-123"
 BODY_LIMIT = 300_000
@@ -12,19 +12,19 @@ BODY_LIMIT = 300_000
 
 @pytest.fixture(scope="session")
 def tiny_engine(tmp_path_factory):
-    engine = start_engine(make_tiny_llama(tmp_path_factory.mktemp("models")))
+    engine = start_engine(make_tiny_llava(tmp_path_factory.mktemp("models")))
     yield engine
     engine.shutdown()
 
 
 @pytest.fixture(scope="session")
 def tiny_choice(tiny_engine):
-    return ModelChoice(tiny_engine.config.model, "tiny-llama", untrained=True, example_dirs=[EXAMPLES])
+    return ModelChoice(tiny_engine.config.model, "tiny-llava", untrained=True, example_dirs=[EXAMPLES])
 
 
 @pytest.fixture(scope="session")
-def text_server(tiny_engine, tiny_choice):
-    """The whole app (UI + API) over the tiny text model, no protection."""
+def server(tiny_engine, tiny_choice):
+    """The whole app (UI + API) over the tiny random LLaVA, no protection."""
     server = start_server(tiny_engine, tiny_choice)
     yield server
     server.stop()

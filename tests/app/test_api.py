@@ -1,35 +1,39 @@
 """The OpenAI-compatible API over a live server and a real engine (tiny random text model)."""
 
 import asyncio
+import base64
+import io
 import json
 import time
 
 import httpx
 import pytest
 from openai import OpenAI
+from PIL import Image
 
-from app.client import AsyncClient, Client
+from app.client import AsyncClient, Client, ClientError
+from app.model_choice import EXAMPLES
 
 HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
 
 
-def test_health_and_models(text_server):
-    health = httpx.get(f"{text_server.url}/health").json()
-    assert health["status"] == "ok" and health["model"] == "tiny-llama" and health["untrained"] is True
-    models = httpx.get(f"{text_server.url}/v1/models").json()
-    assert [m["id"] for m in models["data"]] == ["tiny-llama"] and models["data"][0]["max_model_len"] == 512
+def test_health_and_models(server):
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny-llava" and health["untrained"] is True
+    models = httpx.get(f"{server.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny-llava"] and models["data"][0]["max_model_len"] == 512
 
 
-def test_openai_package_stream_matches_non_stream(text_server):
-    client = OpenAI(base_url=f"{text_server.url}/v1", api_key="unused", max_retries=0)
-    full = client.chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=12, temperature=0)
+def test_openai_package_stream_matches_non_stream(server):
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    full = client.chat.completions.create(model="tiny-llava", messages=HELLO, max_tokens=12, temperature=0)
     choice = full.choices[0]
     assert choice.finish_reason in ("stop", "length") and choice.message.role == "assistant"
     assert full.usage.completion_tokens == (12 if choice.finish_reason == "length" else full.usage.completion_tokens)
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens > 0
     chunks = list(
         client.chat.completions.create(
-            model="tiny-llama", messages=HELLO, max_tokens=12, temperature=0, stream=True,
+            model="tiny-llava", messages=HELLO, max_tokens=12, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )
     )  # fmt: skip
@@ -39,37 +43,54 @@ def test_openai_package_stream_matches_non_stream(text_server):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
-def test_stop_strings_n_and_seed(text_server):
-    client = OpenAI(base_url=f"{text_server.url}/v1", api_key="unused", max_retries=0)
+def test_openai_package_with_an_image(server):
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    buf = io.BytesIO()
+    Image.open(EXAMPLES / "one-shape.png").save(buf, format="PNG")
+    image_url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": "What is this?"}]
+    messages = [{"role": "user", "content": content}]
+    full = client.chat.completions.create(model="tiny-llava", messages=messages, max_tokens=8, temperature=0)
+    question = [{"role": "user", "content": "What is this?"}]
+    text_only = client.chat.completions.create(model="tiny-llava", messages=question, max_tokens=8, temperature=0)
+    assert full.usage.prompt_tokens > text_only.usage.prompt_tokens  # the image's placeholder tokens
+    assert full.choices[0].message.content
+    stream = client.chat.completions.create(model="tiny-llava", messages=messages, max_tokens=8, temperature=0,
+                                            stream=True)  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == full.choices[0].message.content
+
+
+def test_stop_strings_n_and_seed(server):
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     extra = {"ignore_eos": True}
     text = (
         client.chat.completions.create(
-            model="tiny-llama", messages=HELLO, max_tokens=24, temperature=0, extra_body=extra
+            model="tiny-llava", messages=HELLO, max_tokens=24, temperature=0, extra_body=extra
         )
         .choices[0]
         .message.content
     )
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     cut = client.chat.completions.create(
-        model="tiny-llama", messages=HELLO, max_tokens=24, temperature=0, stop=[stop], extra_body=extra
+        model="tiny-llava", messages=HELLO, max_tokens=24, temperature=0, stop=[stop], extra_body=extra
     ).choices[0]
     assert cut.finish_reason == "stop" and text.startswith(cut.message.content) and stop not in cut.message.content
     sampled = dict(messages=HELLO, max_completion_tokens=16, temperature=1.0, top_p=0.9, seed=7, n=2,
                    extra_body={"top_k": 50, "min_p": 0.01, "repetition_penalty": 1.1, **extra})  # fmt: skip
-    first = client.chat.completions.create(model="tiny-llama", **sampled)
-    again = client.chat.completions.create(model="tiny-llama", **sampled)
+    first = client.chat.completions.create(model="tiny-llava", **sampled)
+    again = client.chat.completions.create(model="tiny-llava", **sampled)
     assert [c.index for c in first.choices] == [0, 1] and first.usage.completion_tokens == 32
     assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
 
 
-def test_app_client_sync_and_async(text_server):
-    with Client(text_server.url) as client:
-        assert client.models() == ["tiny-llama"]
+def test_app_client_sync_and_async(server):
+    with Client(server.url) as client:
+        assert client.models() == ["tiny-llava"]
         answer = client.chat("Hello! How are you today?", max_tokens=10, temperature=0)
         assert "".join(client.chat("Hello! How are you today?", stream=True, max_tokens=10, temperature=0)) == answer
 
     async def run():
-        async with AsyncClient(text_server.url) as client:
+        async with AsyncClient(server.url) as client:
             text = await client.chat("Hello! How are you today?", max_tokens=10, temperature=0)
             pieces = [d async for d in await client.chat("Hello! How are you today?", stream=True, max_tokens=10,
                                                           temperature=0)]  # fmt: skip
@@ -78,10 +99,19 @@ def test_app_client_sync_and_async(text_server):
     assert asyncio.run(run()) == (answer, answer)
 
 
-def test_client_disconnect_aborts_the_request(text_server, tiny_engine):
+def test_app_client_images_of_every_kind(server):
+    path = EXAMPLES / "two-shapes.png"
+    with Client(server.url) as client:
+        for image in (path, str(path), Image.open(path), path.read_bytes()):
+            assert client.chat("What is this?", images=[image], max_tokens=3)
+        with pytest.raises(ClientError, match="403.*allow-remote-images"):
+            client.chat("What is this?", images=["http://127.0.0.1:9/x.png"])
+
+
+def test_client_disconnect_aborts_the_request(server, tiny_engine):
     baseline = tiny_engine.num_free_blocks()
     body = {"messages": HELLO, "max_tokens": 400, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{text_server.url}/v1/chat/completions", json=body) as response:
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data:")
         assert tiny_engine.num_free_blocks() < baseline  # the request holds KV blocks while it runs
@@ -91,9 +121,9 @@ def test_client_disconnect_aborts_the_request(text_server, tiny_engine):
     assert tiny_engine.num_free_blocks() == baseline
 
 
-def test_sse_framing(text_server):
+def test_sse_framing(server):
     body = {"messages": HELLO, "max_tokens": 4, "stream": True}
-    raw = httpx.post(f"{text_server.url}/v1/chat/completions", json=body).text
+    raw = httpx.post(f"{server.url}/v1/chat/completions", json=body).text
     events = [e for e in raw.split("\n\n") if e]
     assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
     first = json.loads(events[0][6:])
@@ -101,9 +131,9 @@ def test_sse_framing(text_server):
 
 
 @pytest.mark.parametrize("prompt_words", [400], ids=["prompt-over-context"])
-def test_prompt_longer_than_the_context_is_a_400(text_server, prompt_words):
+def test_prompt_longer_than_the_context_is_a_400(server, prompt_words):
     body = {"messages": [{"role": "user", "content": "hello " * prompt_words}], "max_tokens": 8}
     for stream in (False, True):
-        response = httpx.post(f"{text_server.url}/v1/chat/completions", json={**body, "stream": stream})
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": stream})
         assert response.status_code == 400, response.text
         assert "context" in response.json()["error"]["message"]
