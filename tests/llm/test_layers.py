@@ -163,7 +163,8 @@ def test_embedding_scale_and_tied_softcapped_head():
     emb.weight.copy_(torch.randn(10, 8))
     ids = torch.tensor([3, 0, 9])
     torch.testing.assert_close(emb(ids), emb.weight[ids] * 8**0.5)
-    half = emb.to(torch.bfloat16)  # the normaliser is rounded to bf16 first, as in transformers (Gemma)
+    half = VocabEmbedding(10, 8, scale=8**0.5).to(torch.bfloat16)  # the normaliser is rounded to bf16 first
+    half.weight.copy_(emb.weight)
     assert torch.equal(half(ids), half.weight[ids] * torch.tensor(8**0.5, dtype=torch.bfloat16))
     head = LMHead(10, 8, softcap=5.0)
     head.tie(emb)
