@@ -27,8 +27,12 @@ def template(image_text: str) -> str:
     return VLM_TEMPLATE.replace("{{ IMAGE }}", image_text)
 
 
-def _scale_weights(model, seed: int) -> None:
-    """Larger than transformers' init so greedy decoding does not collapse into one token."""
+def _scale_weights(model, seed: int, never_emit: list[int]) -> None:
+    """Larger than transformers' init so greedy decoding does not collapse into one token.
+
+    The LM head rows of `never_emit` (image placeholder tokens) are zeroed: their logit 0 stays
+    below the maximum, since transformers refuses a sequence whose placeholders outnumber its images.
+    """
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -38,6 +42,7 @@ def _scale_weights(model, seed: int) -> None:
                 p.add_(torch.randn_like(p) * 0.05)
             else:
                 p.normal_(0.0, 0.05)
+        model.lm_head.weight[never_emit] = 0.0
 
 
 def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") -> Path:
@@ -61,7 +66,7 @@ def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") ->
         tie_word_embeddings=False,
     )
     model = LlavaForConditionalGeneration(config)
-    _scale_weights(model, seed)
+    _scale_weights(model, seed, [config.image_token_id])
     model.save_pretrained(out, safe_serialization=True)
     size = {"height": 28, "width": 28}
     processor = LlavaProcessor(
@@ -192,7 +197,7 @@ def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -
         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
     )  # fmt: skip
     model = model_cls(config)
-    _scale_weights(model, seed)
+    _scale_weights(model, seed, list(ids.values()))
     model.save_pretrained(out, safe_serialization=True)
     pixels = dict(min_pixels=8 * 8, max_pixels=48 * 48, patch_size=4, temporal_patch_size=2, merge_size=2)
     processor = Qwen2VLProcessor(
@@ -245,7 +250,7 @@ def make_tiny_internvl(tmp_path: str | Path, seed: int = 0) -> Path:
         vision_feature_layer=-1, tie_word_embeddings=False,
     )  # fmt: skip
     model = InternVLForConditionalGeneration(config)
-    _scale_weights(model, seed)
+    _scale_weights(model, seed, [tok.convert_tokens_to_ids(t) for t in INTERNVL_TOKENS.values()])
     model.save_pretrained(out, safe_serialization=True)
     tiles = dict(size={"height": 28, "width": 28})
     processor = InternVLProcessor(
@@ -254,6 +259,45 @@ def make_tiny_internvl(tmp_path: str | Path, seed: int = 0) -> Path:
         tokenizer=tok,
         image_seq_length=4,
         chat_template=template("<IMG_CONTEXT>\n"),
+    )
+    processor.save_pretrained(out)
+    return out
+
+
+def make_tiny_llava_next(tmp_path: str | Path, seed: int = 0) -> Path:
+    """LLaVA-NeXT: a 28px CLIP tower (7px patches), anyres pinpoints of 1x2, 2x1 and 2x2 tiles, a Llama decoder."""
+    from transformers import (
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+        LlavaNextProcessor,
+    )
+
+    out = Path(tmp_path) / "tiny-llava-next"
+    if (out / "config.json").exists():
+        return out
+    tok = make_tokenizer()
+    pinpoints = [[28, 56], [56, 28], [56, 56]]
+    vision = dict(
+        model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, image_size=28, patch_size=7, hidden_act="quick_gelu",
+    )  # fmt: skip
+    config = LlavaNextConfig(
+        vision_config=vision, text_config=tiny_llama_config().to_dict(), image_grid_pinpoints=pinpoints,
+        image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-2, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlavaNextForConditionalGeneration(config)
+    _scale_weights(model, seed, [config.image_token_id])
+    model.save_pretrained(out, safe_serialization=True)
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessor(
+            size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}, image_grid_pinpoints=pinpoints
+        ),
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=template("<image>\n"),
     )
     processor.save_pretrained(out)
     return out
