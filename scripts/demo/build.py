@@ -71,6 +71,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> LlavaConfig:
         multimodal_projector_bias=True,
         tie_word_embeddings=False,
     )
+    config.architectures = ["LlavaForConditionalGeneration"]
     config.dtype = torch.float32
     return config
 
