@@ -164,6 +164,11 @@ def _check_pixels(image: Image.Image, limits: MediaLimits) -> Image.Image:
     width, height = image.size
     if width <= 0 or height <= 0:
         raise MediaError("the image has no pixels (width or height is 0)")
+    if max(width, height) > limits.max_aspect_ratio * min(width, height):
+        raise MediaError(
+            f"the image is {width}x{height}, an aspect ratio over the limit of {limits.max_aspect_ratio:g}:1; "
+            "crop or pad it"
+        )
     if width * height > limits.max_image_pixels:
         raise MediaError(
             f"the image has {width}x{height} = {width * height} pixels, more than the limit of "

@@ -129,5 +129,8 @@ def serve(config: ServerConfig) -> int:
     if config.share:
         start_share_link(config)
     print(f"vlchat {__version__}: {model.describe()} at http://{config.host}:{config.port}", file=sys.stderr)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2)
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2)
+    finally:
+        engine.shutdown()
     return 0

@@ -23,10 +23,13 @@ class MediaLimits:
     max_image_pixels: int = 40_000_000
     max_images_per_request: int = 8
     remote_timeout_s: float = 10.0
+    max_aspect_ratio: float = 200.0  # processors scale the short side up: a 1 x 20000 strip would take gigabytes
 
     def __post_init__(self):
         if self.max_image_bytes <= 0 or self.max_image_pixels <= 0 or self.max_images_per_request <= 0:
             raise ConfigError("image limits must be positive")
+        if self.max_aspect_ratio < 1:
+            raise ConfigError("max_aspect_ratio must be at least 1")
         if self.allowed_local_dir is not None:
             path = Path(self.allowed_local_dir).expanduser()
             if not path.is_dir():

@@ -48,16 +48,31 @@ def user_error_response(exc: BaseException) -> JSONResponse:
     )
 
 
+def _field_path(loc) -> list[str]:
+    """An error's location as request fields: without "body" and pydantic's union branch tags (str, list[...]).
+
+    A tagged content part adds its tag before the field ("image_url", "image_url"); the repeat is dropped.
+    """
+    path = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and (p in _BRANCH_TAGS or "[" in p))]
+    return [p for i, p in enumerate(path) if i == 0 or p != path[i - 1]]
+
+
+_BRANCH_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "the request body is invalid", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
+    if errors[0].get("type") == "json_invalid":
         return "the request body is not valid JSON; send a JSON object with Content-Type: application/json", None
+    # A union field (content: str | list of parts) fails once per branch; the deepest failure is the specific one.
+    depth = max(len(_field_path(e.get("loc", ()))) for e in errors)
+    first = next(e for e in errors if len(_field_path(e.get("loc", ()))) == depth)
+    loc = _field_path(first.get("loc", ()))
+    same = [e for e in errors if _field_path(e.get("loc", ())) == loc]
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    message = " or ".join(dict.fromkeys(e.get("msg", "invalid value").removeprefix("Value error, ") for e in same))
     if first.get("type") == "missing" and param:
         message = f"the field {param!r} is required"
     elif param:

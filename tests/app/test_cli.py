@@ -17,3 +17,78 @@ def test_version_flag(capsys):
 def test_console_script_help():
     out = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True, check=True)
     assert "serve" in out.stdout and "chat" in out.stdout
+
+
+def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
+    from app.cli import build_parser, server_config
+
+    monkeypatch.setenv("VLCHAT_API_KEY", "from-env")
+    args = build_parser().parse_args(["serve", "--auth", "ann:pw", "--allow-remote-images",
+                                      "--allowed-local-media-path", str(tmp_path), "--max-model-len", "256"])  # fmt: skip
+    config = server_config(args)
+    assert (config.host, config.port, config.share) == ("127.0.0.1", 7860, False)  # local only by default
+    assert config.auth == ("ann", "pw") and config.api_key == "from-env" and config.analytics_enabled is False
+    assert config.media.allow_remote and config.media.allowed_local_dir == str(tmp_path.resolve())
+    assert config.engine_options == {"max_model_len": 256}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "--auth", "nocolon"], "USER:PASS"),
+        (["serve", "--allowed-local-media-path", "/no/such/dir"], "not a directory"),
+        (["serve", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
+        (["chat", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
+    ],
+    ids=["auth", "media-dir", "serve-model", "chat-model"],
+)
+def test_bad_options_are_one_line_errors(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_share_without_protection_warns_loudly(capsys):
+    from app.server import warn_if_unprotected
+    from app.settings import ServerConfig
+
+    warn_if_unprotected(ServerConfig(share=True))
+    assert "WARNING" in capsys.readouterr().err
+    for protected in (ServerConfig(share=True, auth=("a", "b")), ServerConfig(share=True, api_key="k"), ServerConfig()):
+        warn_if_unprotected(protected)
+        assert capsys.readouterr().err == ""
+
+
+def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine):
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", tiny_engine.config.model, "--port", str(port),
+           "--max-model-len", "256", "--num-blocks", "32", "--api-key", "k"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        headers = {"Authorization": "Bearer k"}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200  # the UI
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert f"at http://127.0.0.1:{port}" in proc.stdout.read()
