@@ -18,7 +18,6 @@ check the script. Writes long_context_<device>.json and .md under --out.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
@@ -30,8 +29,7 @@ import time
 
 import torch
 
-import llm.weights
-from benchmarks.random_model import SHAPES, word_level_tokenizer
+from benchmarks.random_model import SHAPES, random_weights, write_config_dir
 from kernels.device import get_device_info
 
 CHUNK_BUDGET = 8192  # prefill tokens per engine step (max_num_batched_tokens)
@@ -41,32 +39,6 @@ LLAMA31 = dict(SHAPES["llama3-8b"], rope_scaling={"rope_type": "llama3", "factor
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})  # fmt: skip
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=512, max_position_embeddings=1024, rope_theta=500000.0)  # fmt: skip
-
-
-def write_config_dir(path: str, fields: dict) -> str:
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5, torch_dtype="bfloat16",
-                         architectures=["LlamaForCausalLM"])  # fmt: skip
-    config.save_pretrained(path)
-    word_level_tokenizer(config.vocab_size).save_pretrained(path)
-    return path
-
-
-def _random_fill(model, model_dir, rules=None, progress=True):
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
-
-
-@contextlib.contextmanager
-def random_weights():
-    real = llm.weights.load_weights
-    llm.weights.load_weights = _random_fill
-    try:
-        yield
-    finally:
-        llm.weights.load_weights = real
 
 
 def _sync():

@@ -8,6 +8,7 @@ and load it into both vlchat and transformers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -81,3 +82,45 @@ def build(
             word_level_tokenizer(config.vocab_size).save_pretrained(out)
             (out / "vlchat_bench.json").write_text(json.dumps({"shape": shape, "random_weights": True}))
     return (out, model) if return_model else out
+
+
+def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat16") -> str:
+    """A model directory with config.json and a tokenizer but no weights (use with `random_weights`)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5, torch_dtype=dtype,
+                         architectures=["LlamaForCausalLM"])  # fmt: skip
+    config.save_pretrained(path)
+    word_level_tokenizer(config.vocab_size).save_pretrained(path)
+    return str(path)
+
+
+def _random_fill(model, model_dir, rules=None, progress=True):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+
+
+@contextlib.contextmanager
+def random_weights():
+    """Inside it, vlchat's loader fills parameters randomly instead of reading a checkpoint (big shapes
+    build in seconds instead of writing and reading tens of GB)."""
+    import llm.weights
+
+    real = llm.weights.load_weights
+    llm.weights.load_weights = _random_fill
+    try:
+        yield
+    finally:
+        llm.weights.load_weights = real
+
+
+def hf_random_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: str):
+    """transformers' model for a weightless `write_config_dir` directory, randomly filled on `device`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    _random_fill(model, model_dir)
+    return model.eval()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import math
@@ -55,9 +56,11 @@ async def _run_requests(requests, arrivals, concurrency, one_request) -> tuple[l
 def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict]:
     from llm import AsyncEngine, SamplingParams
 
-    engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                                      max_num_batched_tokens=args.max_num_batched_tokens,
-                                      enforce_eager=args.enforce_eager)  # fmt: skip
+    random = contextlib.nullcontext() if args.model else random_model.random_weights()
+    with random:
+        engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                                          max_num_batched_tokens=args.max_num_batched_tokens,
+                                          enforce_eager=args.enforce_eager)  # fmt: skip
 
     async def one(i, req, rec):
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
@@ -214,6 +217,12 @@ def main(argv=None) -> None:
     p.add_argument("--images", action="store_true", help="one image per request (VLMs, openai backend)")
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument(
+        "--peer-num-prompts",
+        type=int,
+        default=None,
+        help="run the transformers peer on the first N prompts only (it is ~10x slower)",
+    )
     p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf: all)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -250,12 +259,16 @@ def main(argv=None) -> None:
         elif backend == "openai":
             records, duration, info = bench_openai(args.base_url, requests, arrivals, args)
         else:
-            if hf_model is None:
+            if args.model:
                 from transformers import AutoModelForCausalLM
 
-                hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
-            hf_model.eval()
-            records, duration, info = bench_transformers(hf_model, requests, args)
+                hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+            else:
+                hf_model = random_model.hf_random_model(model_dir, dtype, device)
+            subset = requests[: args.peer_num_prompts] if args.peer_num_prompts else requests
+            records, duration, info = bench_transformers(hf_model, subset, args)
+            info["num_prompts"] = len(subset)
+            del hf_model
         results[backend] = summarize(records, duration)
         extra[backend] = info
         print(f"{backend}: {results[backend]['request_throughput']:.2f} req/s in {duration:.1f} s", flush=True)
