@@ -60,7 +60,7 @@ class LLM:
             for prompt, p in zip(prompts, params, strict=True):
                 request_id = f"llm-{self._counter}"
                 self._counter += 1
-                self.engine.add_request(request_id, prompt, p)
+                self.engine.add_request(request_id, prompt, p, stream=False)
                 ids.append(request_id)
             final: dict[str, RequestOutput] = {}
             while self.engine.has_unfinished():

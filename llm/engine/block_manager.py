@@ -79,6 +79,8 @@ class BlockManager:
 
     def num_blocks_to_take(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> int:
         """Free blocks consumed if seq grows to `num_tokens` slots, reusing `prefix` (from match_prefix)."""
+        if not prefix and num_tokens <= len(seq.block_table) * self.block_size:
+            return 0  # the common decode step: the last block still has room
         new = max(0, self.blocks_for(num_tokens) - len(seq.block_table) - len(prefix))
         revived = sum(1 for b in prefix if self.blocks[b].ref_count == 0)
         return new + revived
@@ -88,6 +90,8 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
         """Grow seq's block table to hold `num_tokens` slots, first acquiring the cached `prefix`."""
+        if not prefix and num_tokens <= len(seq.block_table) * self.block_size:
+            return
         assert self.can_allocate(seq, num_tokens, prefix), "call can_allocate first"
         if prefix:
             assert not seq.block_table, "a prefix is only reused by a sequence without blocks"

@@ -78,8 +78,13 @@ class LLMEngine:
             self.processor = AutoProcessor.from_pretrained(self.config.model, local_files_only=True)
         return self.processor
 
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None) -> None:
-        """Validate and queue a request; raises InvalidRequestError / PromptTooLongError."""
+    def add_request(
+        self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None, stream: bool = True
+    ) -> None:
+        """Validate and queue a request; raises InvalidRequestError / PromptTooLongError.
+
+        `stream=False`: `step()` reports the request only once it is finished.
+        """
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -101,7 +106,7 @@ class LLMEngine:
             )
         bs = self.config.cache.block_size
         seqs = [Sequence(request_id, mm_prompt, params, bs, index=i, max_tokens=max_tokens) for i in range(params.n)]
-        self.requests[request_id] = Request(request_id, mm_prompt, params, seqs, self.tokenizer)
+        self.requests[request_id] = Request(request_id, mm_prompt, params, seqs, self.tokenizer, stream)
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -138,8 +143,10 @@ class LLMEngine:
             touched[seq.request_id] = request
         outputs = []
         for request_id, request in touched.items():
-            outputs.append(request.output())
-            if request.finished:
+            finished = request.finished
+            if finished or request.stream:
+                outputs.append(request.output())
+            if finished:
                 del self.requests[request_id]
         return outputs
 

@@ -72,11 +72,13 @@ class Request:
         params: SamplingParams,
         seqs: list[Sequence],
         tokenizer,
+        stream: bool = True,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
         self.seqs = seqs
+        self.stream = stream
         self.completions = [Completion(s, tokenizer) for s in seqs]
 
     @property
@@ -86,7 +88,7 @@ class Request:
     def output(self, delta: bool = True) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
-            prompt_token_ids=list(self.prompt.token_ids),
+            prompt_token_ids=self.prompt.token_ids,
             outputs=[c.output(delta) for c in self.completions],
             finished=self.finished,
             prompt=self.prompt.text,
