@@ -109,7 +109,7 @@ class VisionAttention(nn.Module):
             q32, k32 = q.float(), k.float()
             q = (q32 * cos + rotate_half(q32) * sin).to(v.dtype)
             k = (k32 * cos + rotate_half(k32) * sin).to(v.dtype)
-        out = varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, max_seqlen, self.scale)
+        out = varlen_attention(q, k, v, cu_seqlens, max_seqlen, self.scale)  # head_dim-contiguous views suffice
         return self.proj(out.reshape(tokens, -1))
 
 

@@ -102,9 +102,15 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
     kwargs = _image_kwargs(processor, mm_options)
     bos = getattr(processor.tokenizer, "bos_token", None)
     add_special = not (bos is not None and text.startswith(bos))
-    outputs = processor(
-        text=[text], images=images or None, return_tensors="pt", add_special_tokens=add_special, **kwargs
-    )
+    try:
+        outputs = processor(
+            text=[text], images=images or None, return_tensors="pt", add_special_tokens=add_special, **kwargs
+        )
+    except ValueError as e:  # e.g. an image placeholder typed in the text: its count no longer matches the images
+        raise InvalidRequestError(
+            f"the model's processor refused this prompt ({e}); do not type image placeholder tokens in the text, "
+            "send images as image parts"
+        ) from None
     return outputs["input_ids"][0].tolist(), outputs, text, len(images)
 
 

@@ -79,6 +79,24 @@ class QwenViTConfig:
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
 
+@dataclass(slots=True)
+class VisionPlan:
+    """Per-grid inputs of `encode`: rotary cos/sin [N, head_dim] fp32, full-image and window segments."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cu_full: torch.Tensor
+    max_full: int
+    order: torch.Tensor | None  # merged-token permutation into windows (Qwen2.5-VL)
+    reverse: torch.Tensor | None
+    cu_win: torch.Tensor | None
+    max_win: int
+
+    def tensors(self) -> list[torch.Tensor]:
+        extra = [] if self.order is None else [self.order, self.reverse, self.cu_win]
+        return [self.cos, self.sin, self.cu_full, *extra]
+
+
 class QwenViTBlock(nn.Module):
     def __init__(self, cfg: QwenViTConfig) -> None:
         super().__init__()
@@ -125,33 +143,44 @@ class QwenVisionTransformer(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """pixel_values: [patches, C*T*P*P]; grid_thw: [images, 3] -> [patches / merge**2, out_hidden]."""
+        plan = self.plan(grid_thw, pixel_values.device)
+        return self.encode(pixel_values, *plan.tensors(), max_full=plan.max_full, max_win=plan.max_win)
+
+    def plan(self, grid_thw: torch.Tensor, device: torch.device) -> VisionPlan:
+        """Everything that depends only on the grids, computed on the host and moved once."""
+        cfg = self.cfg
+        grids = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
+        pos = rotary_positions(grids, cfg.spatial_merge_size)  # [N, 2]
+        freqs = (pos[..., None].float() * self.inv_freq.cpu()).flatten(1)  # [N, head_dim / 2]: h then w
+        emb = torch.cat([freqs, freqs], dim=-1)  # [N, head_dim]
+        cu_full, max_full = full_cu_seqlens(grids, device)
+        if not cfg.window_size:
+            order = reverse = cu_win = None
+            max_win = 0
+        else:
+            unit = cfg.spatial_merge_size**2
+            order, cu_win, max_win = window_index(grids, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
+            emb = emb.view(-1, unit, emb.shape[-1])[order].view(-1, emb.shape[-1])
+            order, reverse, cu_win = order.to(device), torch.argsort(order).to(device), cu_win.to(device)
+        cos, sin = emb.cos().to(device), emb.sin().to(device)
+        return VisionPlan(cos, sin, cu_full, max_full, order, reverse, cu_win, max_win)
+
+    def encode(self, pixel_values, cos, sin, cu_full, order=None, reverse=None, cu_win=None, *, max_full, max_win):
+        """The device part of the forward (capturable in a CUDA graph for one set of grids)."""
         cfg = self.cfg
         weight = self.patch_embed.proj.weight
         # The conv's kernel equals its stride over the whole patch: it is one matmul.
         x = F.linear(pixel_values.to(weight.dtype).view(-1, cfg.patch_dim), weight.view(cfg.dim, -1))  # [N, dim]
-        grids = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
-        pos = rotary_positions(grids, cfg.spatial_merge_size).to(x.device)  # [N, 2]
-        freqs = (pos[..., None].float() * self.inv_freq).flatten(1)  # [N, head_dim / 2]: h freqs then w freqs
-        emb = torch.cat([freqs, freqs], dim=-1)  # [N, head_dim]
-        cu_full, max_full = full_cu_seqlens(grids, x.device)
-        order = None
-        if cfg.window_size:
+        if order is not None:
             unit = cfg.spatial_merge_size**2
-            order, cu_win, max_win = window_index(grids, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
-            order = order.to(x.device)
-            cu_win = cu_win.to(x.device)
             x = x.view(-1, unit, cfg.dim)[order].view(-1, cfg.dim)
-            emb = emb.view(-1, unit, emb.shape[-1])[order].view(-1, emb.shape[-1])
-        rotary = (emb.cos(), emb.sin())
         for i, block in enumerate(self.blocks):
             if order is None or i in cfg.fullatt_block_indexes:
-                x = block(x, cu_full, max_full, rotary)
+                x = block(x, cu_full, max_full, (cos, sin))
             else:
-                x = block(x, cu_win, max_win, rotary)
+                x = block(x, cu_win, max_win, (cos, sin))
         merged = self.merger(x)
-        if order is not None:
-            merged = merged[torch.argsort(order)]
-        return merged
+        return merged if reverse is None else merged[reverse]
 
     def weight_rules(self) -> list[WeightRule]:
         """Rules for the HF `visual.*` names (the checkpoint packs q/k/v already)."""

@@ -18,6 +18,7 @@ from llm.errors import UnsupportedModelError
 from llm.inputs import MultiModalPrompt
 from llm.models.registry import get_model_class
 from llm.weights import WeightRule
+from vision.cuda_graphs import GraphCache, can_graph
 from vision.processing import image_token_id, place_images, run_processor
 
 # Text configs inside VLM configs often carry no `architectures`; their model_type names the decoder.
@@ -48,12 +49,21 @@ def build_decoder(hf_config, dtype: torch.dtype) -> nn.Module:
 class VisionLanguageModel(nn.Module):
     is_multimodal = True
     uses_mrope = False
+    graph_min_uses = 1  # see GraphCache; towers of many input sizes raise it
 
     def __init__(self, hf_config, dtype: torch.dtype) -> None:
         super().__init__()
         self.hf_config = hf_config
         self.language_model = build_decoder(hf_config, dtype)
         self.image_token_id = int(hf_config.image_token_id)
+        self.use_vision_graphs = True  # on CUDA, replay the vision forward from CUDA graphs
+        self.vision_graphs = GraphCache(min_uses=self.graph_min_uses)
+
+    def run_vision(self, key, fn, *inputs: torch.Tensor) -> torch.Tensor:
+        """`fn(*inputs)`, replayed from a CUDA graph captured for `key` where that is possible."""
+        if self.use_vision_graphs and can_graph(inputs[0]):
+            return self.vision_graphs.run(key, fn, *inputs)
+        return fn(*inputs)
 
     # -- decoder ------------------------------------------------------------
 

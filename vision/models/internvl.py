@@ -44,7 +44,7 @@ class InternVLForConditionalGeneration(VisionLanguageModel):
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         device = self.vision_tower.projection.weight.device
         pixels = torch.cat([d["pixel_values"] for d in datas]).to(device)
-        feats = self.tile_features(pixels)  # [all tiles, tokens, hidden]
+        feats = self.run_vision(tuple(pixels.shape), self.tile_features, pixels)  # [all tiles, tokens, hidden]
         per_image = feats.split([d["pixel_values"].shape[0] for d in datas])
         return [f.reshape(-1, f.shape[-1]) for f in per_image]
 

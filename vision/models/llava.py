@@ -53,8 +53,9 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         pixels = torch.cat([d["pixel_values"] for d in datas])
-        feats = self.image_features(pixels.to(self.vision_tower.embeddings.patch_embedding.weight.device))
-        return list(feats.unbind(0))  # one [tokens, hidden] per image
+        pixels = pixels.to(self.vision_tower.embeddings.patch_embedding.weight.device)
+        feats = self.run_vision(tuple(pixels.shape), self.image_features, pixels)  # [images, tokens, hidden]
+        return list(feats.unbind(0))
 
     @classmethod
     def split_images(cls, processor, outputs, num_images: int, token_ids: list[int], placeholder: int):

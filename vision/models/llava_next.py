@@ -66,7 +66,8 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         pixels = torch.cat([d["pixel_values"] for d in datas])
-        feats = self.image_features(pixels.to(self.image_newline.device))  # [all tiles, tokens, hidden]
+        pixels = pixels.to(self.image_newline.device)
+        feats = self.run_vision(tuple(pixels.shape), self.image_features, pixels)  # [all tiles, tokens, hidden]
         per_image = feats.split([d["pixel_values"].shape[0] for d in datas])
         return [self.pack(f, tuple(d["image_sizes"].view(-1).tolist())) for f, d in zip(per_image, datas, strict=True)]
 

@@ -6,6 +6,8 @@ Every image becomes grid_t * (grid_h / 2) * (grid_w / 2) tokens; the processor's
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from llm.rope import rope_parameters_from_config
@@ -34,6 +36,7 @@ def mrope_section(text_config) -> list[int]:
 
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     uses_mrope = True
+    graph_min_uses = 2  # native resolution: capture only image sizes that recur
 
     def __init__(self, hf_config, dtype: torch.dtype) -> None:
         super().__init__(hf_config, dtype)
@@ -49,7 +52,10 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         device = self.visual.patch_embed.proj.weight.device
         pixels = torch.cat([d["pixel_values"] for d in datas]).to(device)
         grids = torch.cat([d["image_grid_thw"] for d in datas])
-        merged = self.visual(pixels, grids)  # [all image tokens, hidden]
+        plan = self.visual.plan(grids, device)
+        encode = functools.partial(self.visual.encode, max_full=plan.max_full, max_win=plan.max_win)
+        key = tuple(map(tuple, grids.tolist()))
+        merged = self.run_vision(key, encode, pixels, *plan.tensors())  # [all image tokens, hidden]
         sizes = (grids.prod(-1) // self.visual.cfg.spatial_merge_size**2).tolist()
         return list(merged.split(sizes))
 
