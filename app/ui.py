@@ -24,7 +24,7 @@ log = logging.getLogger("vlchat.ui")
 
 DEFAULT_SYSTEM_PROMPT = ""
 UI_UPDATE_INTERVAL_S = 0.05
-EXAMPLE_PROMPTS = ("What shape is in this picture, and what color is it?", "Describe this image.")
+EXAMPLE_PROMPTS = ("Describe the image.", "What shapes are in the image?", "How many shapes are there?")
 
 
 def file_path(item) -> str | None:
@@ -128,7 +128,7 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
             max_new = gr.Slider(1, max(1, max_len - 1), value=min(512, max_len - 1), step=1,
                                 label="Max new tokens", render=False)  # fmt: skip
         images = model.example_images()
-        examples = [[{"text": EXAMPLE_PROMPTS[i % 2], "files": [str(p)]}] for i, p in enumerate(images[:4])]
+        examples = [[{"text": EXAMPLE_PROMPTS[i % 3], "files": [str(p)]}] for i, p in enumerate(images[:4])]
         gr.ChatInterface(
             make_respond(engine, config),
             multimodal=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
-from app.model_choice import DEMO_MODEL, EXAMPLES, ModelChoice
+from app.model_choice import ModelChoice, resolve_model
 from app.server import build_app
 from app.settings import ServerConfig
 
@@ -42,7 +42,7 @@ class LiveServer:
 
 
 def demo_choice() -> ModelChoice:
-    return ModelChoice(str(DEMO_MODEL), "vlchat-demo", untrained=True, demo=True, example_dirs=[EXAMPLES])
+    return resolve_model(None)
 
 
 def start_server(engine, choice: ModelChoice, with_ui: bool = True, **config) -> LiveServer:

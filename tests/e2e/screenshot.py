@@ -1,0 +1,44 @@
+"""Regenerate docs/screenshot-ui.png: the demo model answering a question about an example image.
+
+    python -m tests.e2e.screenshot
+
+Not a test: it serves assets/demo-model, clicks the first example in headless chromium and saves
+the page once the answer is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.app.live import demo_choice, start_engine, start_server
+from tests.e2e.conftest import BROWSER_ARGS, CHROMIUM
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshot-ui.png"
+
+
+def main(out: Path = OUT) -> None:
+    from playwright.sync_api import sync_playwright
+
+    choice = demo_choice()
+    engine = start_engine(choice.path, max_model_len=1024)
+    server = start_server(engine, choice)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            page = browser.new_page(viewport={"width": 1000, "height": 760})
+            page.goto(server.url)
+            page.locator("button.example").first.click()
+            page.wait_for_selector("#chatbot .message.bot")
+            page.wait_for_selector("#prompt .submit-button", timeout=60_000)  # the answer is complete
+            time.sleep(0.5)
+            page.screenshot(path=str(out))
+            browser.close()
+    finally:
+        server.stop()
+        engine.shutdown()
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
