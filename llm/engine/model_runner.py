@@ -39,13 +39,13 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def pick_dtype(hf_config, requested: str, device: torch.device) -> torch.dtype:
-    """The config's dtype (float32 on CPU for "auto"); bf16 on a GPU without bf16 falls back to fp16."""
+def pick_dtype(hf_config, requested: str, device: torch.device, supports_bf16: bool = True) -> torch.dtype:
+    """The config's dtype (float32 on CPU for "auto"); bf16 on a GPU without bf16 falls back to fp16 with a warning."""
     if requested == "auto" and device.type == "cpu":
         return torch.float32
     dtype = resolve_dtype(hf_config, requested)
-    if device.type == "cuda" and dtype == torch.bfloat16 and not get_device_info().supports_bf16:
-        logger.warning("%s has no bfloat16 support; running the model in float16 instead", get_device_info().arch)
+    if device.type == "cuda" and dtype == torch.bfloat16 and not supports_bf16:
+        logger.warning("this GPU has no bfloat16 support (compute capability < 8.0); running the model in float16")
         dtype = torch.float16
     return dtype
 
@@ -53,7 +53,8 @@ def pick_dtype(hf_config, requested: str, device: torch.device) -> torch.dtype:
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_config, max_model_len: int, eos_token_ids: list[int]) -> None:
         self.device = pick_device(config.device)
-        self.dtype = pick_dtype(hf_config, config.dtype, self.device)
+        bf16 = self.device.type != "cuda" or get_device_info().supports_bf16
+        self.dtype = pick_dtype(hf_config, config.dtype, self.device, bf16)
         self.block_size = config.cache.block_size
         self.max_model_len = max_model_len
         self.model = load_model(config.model, self.dtype, self.device, progress=False)

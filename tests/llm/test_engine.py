@@ -144,3 +144,18 @@ def test_logprobs_match_transformers(model_dir, prompts, reference):
         token = reference[0][step]
         assert list(entry)[0] == token and len(entry) == 2
         assert entry[token] == pytest.approx(ref[step, token].item(), abs=1e-4)
+
+
+def test_dtype_choice_and_bf16_fallback(model_dir, caplog):
+    from llm.engine.model_runner import pick_dtype
+    from llm.weights import load_hf_config
+
+    cfg = load_hf_config(model_dir)
+    cfg.dtype = torch.bfloat16
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert pick_dtype(cfg, "auto", cpu) == torch.float32
+    assert pick_dtype(cfg, "auto", cuda, supports_bf16=True) == torch.bfloat16
+    with caplog.at_level("WARNING"):
+        assert pick_dtype(cfg, "auto", cuda, supports_bf16=False) == torch.float16
+    assert "float16" in caplog.text
+    assert pick_dtype(cfg, "float16", cpu) == torch.float16
