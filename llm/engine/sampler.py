@@ -113,7 +113,8 @@ class Sampler:
         sorted_logits = sorted_logits.masked_fill(ranks >= torch.tensor(top_k, device=dev).unsqueeze(1), float("-inf"))
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # probability mass ranked above each token
-        drop = before >= torch.tensor(top_p, device=dev).unsqueeze(1)
+        p = torch.tensor(top_p, device=dev).unsqueeze(1)
+        drop = (before >= p) & (p < 1.0)  # top_p = 1 keeps all (rounding can push the cumsum to 1 early)
         drop[:, 0] = False  # the most likely token always stays
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
