@@ -104,6 +104,29 @@ def answer_with_transformers(model, processor, items: list[EvalItem], batch_size
     return answers
 
 
+def with_images(item: EvalItem) -> list[dict]:
+    """The item's messages with the PIL image in its {"type": "image"} part, as vlchat takes it."""
+    messages = []
+    for message in item.messages:
+        content = message["content"]
+        if not isinstance(content, str):
+            content = [{**p, "image": item.image} if p["type"] == "image" else p for p in content]
+        messages.append({**message, "content": content})
+    return messages
+
+
+def answer_with_vlchat(llm, items: list[EvalItem], chunk: int = 256) -> list[str]:
+    """Greedy answers from vlchat's engine (`llm.LLM`)."""
+    from llm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    answers = []
+    for start in range(0, len(items), chunk):
+        outputs = llm.generate([with_images(item) for item in items[start : start + chunk]], params)
+        answers += [out.text for out in outputs]
+    return answers
+
+
 def evaluate_transformers(model_dir: str, items: list[EvalItem], device: str) -> list[str]:
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
@@ -118,7 +141,7 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=500)
     parser.add_argument("--seed", type=int, default=EVAL_SEED)
     parser.add_argument("--backend", choices=("vlchat", "transformers"), default="vlchat")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto")
     parser.add_argument("--json", help="also write the table as JSON here")
     args = parser.parse_args()
     items = eval_items(args.scenes, args.seed)
@@ -126,7 +149,9 @@ def main() -> None:
     if args.backend == "transformers":
         answers = evaluate_transformers(args.model, items, args.device)
     else:
-        raise SystemExit("the vlchat backend needs llm.LLM with LLaVA support")
+        from llm import LLM
+
+        answers = answer_with_vlchat(LLM(args.model, device=args.device), items)
     table = score(items, answers)
     print(f"{len(items)} questions on {args.scenes} scenes in {time.perf_counter() - start:.1f} s ({args.backend})")
     print(markdown_table(table))

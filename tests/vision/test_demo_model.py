@@ -12,7 +12,7 @@ from scripts.demo.conversation import CAPABILITIES, answer_color, answer_describ
 from scripts.demo.examples import EXAMPLES, EXAMPLES_DIR
 from scripts.demo.shapes import render
 
-MAX_TOKENS = 48
+MAX_TOKENS = 64
 
 
 def _user(text, image=None):
