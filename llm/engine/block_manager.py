@@ -86,7 +86,8 @@ class BlockManager:
         return new + revived
 
     def can_allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> bool:
-        return self.num_blocks_to_take(seq, num_tokens, prefix) <= self.num_free_blocks
+        need = self.num_blocks_to_take(seq, num_tokens, prefix)
+        return need == 0 or need <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> None:
         """Grow seq's block table to hold `num_tokens` slots, first acquiring the cached `prefix`."""

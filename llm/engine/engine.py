@@ -145,7 +145,7 @@ class LLMEngine:
         for request_id, request in touched.items():
             finished = request.finished
             if finished or request.stream:
-                outputs.append(request.output())
+                outputs.append(request.output(finished=finished))
             if finished:
                 del self.requests[request_id]
         return outputs

@@ -85,12 +85,12 @@ class Request:
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
 
-    def output(self, delta: bool = True) -> RequestOutput:
+    def output(self, delta: bool = True, finished: bool | None = None) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt.token_ids,
             outputs=[c.output(delta) for c in self.completions],
-            finished=self.finished,
+            finished=self.finished if finished is None else finished,
             prompt=self.prompt.text,
             num_cached_tokens=self.seqs[0].num_cached_prompt_tokens,
         )
