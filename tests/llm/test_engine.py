@@ -159,3 +159,21 @@ def test_dtype_choice_and_bf16_fallback(model_dir, caplog):
         assert pick_dtype(cfg, "auto", cuda, supports_bf16=False) == torch.float16
     assert "float16" in caplog.text
     assert pick_dtype(cfg, "float16", cpu) == torch.float16
+
+
+def test_repetition_penalty_matches_transformers_logits_processor(model_dir, prompts, reference):
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    hf = load_hf_model(model_dir)
+    processor = RepetitionPenaltyLogitsProcessor(1.5)
+    ids = list(prompts[3])
+    with torch.no_grad():
+        for _ in range(10):
+            scores = processor(torch.tensor([ids]), hf(torch.tensor([ids])).logits[:, -1])
+            ids.append(int(scores.argmax()))
+    llm = make_llm(model_dir)
+    out = llm.generate(
+        [prompts[3]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5)
+    )
+    assert out[0].token_ids == ids[len(prompts[3]) :]
+    assert out[0].token_ids != reference[3][:10]  # the penalty changed the greedy path
