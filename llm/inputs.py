@@ -77,6 +77,26 @@ def _has_images(messages: list[Mapping]) -> bool:
     return False
 
 
+def _check_text(text: Any) -> None:
+    """Refuse text the tokenizer cannot encode: unpaired UTF-16 surrogates (from JSON escapes or stdin)."""
+    if not isinstance(text, str):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"the text has an unpaired surrogate {text[e.start]!r} at character {e.start}, which is not valid "
+            "Unicode; send UTF-8 text"
+        ) from None
+
+
+def _check_message_texts(messages: list[Mapping]) -> None:
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else [content]:
+            _check_text(part.get("text") if isinstance(part, Mapping) else part)
+
+
 def normalize_prompt(
     prompt: Any,
     tokenizer,
@@ -90,6 +110,7 @@ def normalize_prompt(
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("the prompt is empty; send at least one character")
+        _check_text(prompt)
         return MultiModalPrompt(token_ids=list(tokenizer.encode(prompt)), text=prompt)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer) if tokenizer is not None else None
@@ -100,6 +121,7 @@ def normalize_prompt(
         for message in prompt:
             if "role" not in message or "content" not in message:
                 raise InvalidRequestError("every chat message needs a 'role' and a 'content'")
+        _check_message_texts(prompt)
         if getattr(model_cls, "is_multimodal", False):
             return model_cls.process_prompt(processor, list(prompt), dict(mm_options or {}))
         if _has_images(prompt):
