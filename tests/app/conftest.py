@@ -8,11 +8,15 @@ from tests.vision.tiny_vlm import make_tiny_llava
 
 API_KEY = "test-key-123"
 BODY_LIMIT = 300_000
+LONG_CONTEXT = 4096
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tmp_path_factory):
-    engine = start_engine(make_tiny_llava(tmp_path_factory.mktemp("models")))
+    # 4096 positions (the config says 512; RoPE runs past it), so that an unstopped answer runs for seconds
+    engine = start_engine(
+        make_tiny_llava(tmp_path_factory.mktemp("models")), max_model_len=LONG_CONTEXT, num_blocks=320
+    )
     yield engine
     engine.shutdown()
 

@@ -13,6 +13,7 @@ from PIL import Image
 
 from app.client import AsyncClient, Client, ClientError
 from app.model_choice import EXAMPLES
+from tests.app.conftest import LONG_CONTEXT
 
 HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
 
@@ -21,7 +22,7 @@ def test_health_and_models(server):
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == "tiny-llava" and health["untrained"] is True
     models = httpx.get(f"{server.url}/v1/models").json()
-    assert [m["id"] for m in models["data"]] == ["tiny-llava"] and models["data"][0]["max_model_len"] == 512
+    assert [m["id"] for m in models["data"]] == ["tiny-llava"] and models["data"][0]["max_model_len"] == LONG_CONTEXT
 
 
 def test_openai_package_stream_matches_non_stream(server):
@@ -121,6 +122,18 @@ def test_client_disconnect_aborts_the_request(server, tiny_engine):
     assert tiny_engine.num_free_blocks() == baseline
 
 
+def test_non_streaming_request_is_aborted_when_the_client_leaves(server, tiny_engine):
+    baseline = tiny_engine.num_free_blocks()
+    body = {"messages": HELLO, "max_tokens": LONG_CONTEXT - 100, "ignore_eos": True}  # many seconds of work
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    assert tiny_engine.num_free_blocks() < baseline  # still generating when the client gave up
+    deadline = time.monotonic() + 3  # far less than the whole answer takes
+    while tiny_engine.num_free_blocks() != baseline and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tiny_engine.num_free_blocks() == baseline
+
+
 def test_sse_framing(server):
     body = {"messages": HELLO, "max_tokens": 4, "stream": True}
     raw = httpx.post(f"{server.url}/v1/chat/completions", json=body).text
@@ -130,7 +143,7 @@ def test_sse_framing(server):
     assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
 
 
-@pytest.mark.parametrize("prompt_words", [400], ids=["prompt-over-context"])
+@pytest.mark.parametrize("prompt_words", [LONG_CONTEXT + 10], ids=["prompt-over-context"])
 def test_prompt_longer_than_the_context_is_a_400(server, prompt_words):
     body = {"messages": [{"role": "user", "content": "hello " * prompt_words}], "max_tokens": 8}
     for stream in (False, True):

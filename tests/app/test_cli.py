@@ -92,3 +92,23 @@ def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine):
         if proc.poll() is None:
             proc.kill()
     assert f"at http://127.0.0.1:{port}" in proc.stdout.read()
+
+
+def test_share_link_failure_is_one_line_and_serving_goes_on(monkeypatch, capsys):
+    import threading
+
+    from gradio import networking
+
+    from app.server import start_share_link
+    from app.settings import ServerConfig
+
+    def no_network(*args):  # stands in for Gradio's share server, which must never be contacted from tests
+        raise RuntimeError("Could not get share link from Gradio API Server.")
+
+    monkeypatch.setattr(networking, "setup_tunnel", no_network)
+    start_share_link(ServerConfig(share=True, port=7999))
+    for thread in threading.enumerate():
+        if thread.name == "vlchat-share":
+            thread.join(timeout=5)
+    err = capsys.readouterr().err
+    assert err == "Could not create a share link (RuntimeError); serving locally only.\n"
