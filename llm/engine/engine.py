@@ -106,8 +106,12 @@ class LLMEngine:
             )
         bs = self.config.cache.block_size
         seqs = [Sequence(request_id, mm_prompt, params, bs, index=i, max_tokens=max_tokens) for i in range(params.n)]
-        self.requests[request_id] = Request(request_id, mm_prompt, params, seqs, self.tokenizer, stream)
-        for seq in seqs:
+        request = Request(request_id, mm_prompt, params, seqs, self.tokenizer, stream)
+        self.requests[request_id] = request
+        # n > 1: the other completions start once the first one's prompt is in the prefix cache
+        first = 1 if self.config.cache.enable_prefix_caching else len(seqs)
+        request.pending = seqs[first:]
+        for seq in seqs[:first]:
             self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -138,6 +142,10 @@ class LLMEngine:
             seq.append_token(token_id, logprobs)
             request = self.requests[seq.request_id]
             request.completions[seq.index].add_token(token_id, eos, self.max_model_len)
+            if request.pending:  # the prompt's full blocks are cached now: the siblings reuse them
+                for sibling in request.pending:
+                    self.scheduler.add(sibling)
+                request.pending = []
             if seq.is_finished:
                 self.scheduler.finish(seq)
             touched[seq.request_id] = request

@@ -79,6 +79,7 @@ class Request:
         self.params = params
         self.seqs = seqs
         self.stream = stream
+        self.pending: list[Sequence] = []  # completions not handed to the scheduler yet (n > 1)
         self.completions = [Completion(s, tokenizer) for s in seqs]
 
     @property

@@ -177,3 +177,19 @@ def test_repetition_penalty_matches_transformers_logits_processor(model_dir, pro
     )
     assert out[0].token_ids == ids[len(prompts[3]) :]
     assert out[0].token_ids != reference[3][:10]  # the penalty changed the greedy path
+
+
+def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference):
+    llm = make_llm(model_dir)
+    out = llm.generate([prompts[5]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, n=3))[0]
+    assert [c.token_ids for c in out.outputs] == [reference[5]] * 3 and [c.index for c in out.outputs] == [0, 1, 2]
+    assert llm.engine.num_free_blocks() == 256
+    engine = llm.engine
+    engine.add_request("shared", prompts[5], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, n=3))
+    seqs = engine.requests["shared"].seqs
+    engine.step()  # the first completion's prompt; the others join after it
+    assert [s.num_output_tokens for s in seqs] == [1, 0, 0]
+    engine.step()
+    full_blocks = 4 * ((len(prompts[5]) - 1) // 4)
+    assert [s.num_cached_prompt_tokens for s in seqs[1:]] == [full_blocks, full_blocks]
+    engine.abort("shared")
