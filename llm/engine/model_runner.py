@@ -22,6 +22,7 @@ from llm.engine.context import AttentionMetadata, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from llm.engine.sampler import Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
+from llm.errors import InvalidRequestError, ModelLoadError
 from llm.layers.attention import Attention
 from llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
 from llm.weights import load_model, resolve_dtype
@@ -35,7 +36,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' was requested but no CUDA GPU is visible; use device='cpu'")
+        raise InvalidRequestError("device='cuda' was requested but no CUDA GPU is visible; use device='cpu'")
     return torch.device(name)
 
 
@@ -112,7 +113,7 @@ class ModelRunner:
             budget = config.cache.cpu_cache_gb * 1e9
         num_blocks = int(budget // self.block_bytes())
         if num_blocks < 1:
-            raise RuntimeError(
+            raise ModelLoadError(
                 "no memory is left for the KV cache after loading the model; raise cache_fraction, "
                 "lower max_num_batched_tokens or use a smaller dtype"
             )
