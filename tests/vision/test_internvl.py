@@ -1,12 +1,11 @@
 """InternVL (HF-native: InternViT, pixel shuffle, Qwen2 decoder) end to end against transformers, fp32 on CPU."""
 
 import pytest
-import torch
 from transformers import InternVLForConditionalGeneration
 
 from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import make_tiny_internvl
+from tests.vision.tiny_vlm import hf_inputs_for, make_tiny_internvl
 
 
 class InternVL(checks.FamilyChecks):
@@ -14,10 +13,7 @@ class InternVL(checks.FamilyChecks):
 
     @staticmethod
     def hf_inputs(prompt):
-        inputs = {"input_ids": torch.tensor([prompt.token_ids])}
-        if prompt.images:
-            inputs["pixel_values"] = torch.cat([i.data["pixel_values"] for i in prompt.images])
-        return inputs
+        return hf_inputs_for("internvl", prompt)
 
 
 INTERNVL = InternVL()

@@ -12,7 +12,7 @@ from llm import LLM
 from llm.errors import WeightMismatchError
 from llm.weights import load_model
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import image, make_tiny_llava, our_prompt_logits, rel_err
+from tests.vision.tiny_vlm import hf_inputs_for, image, make_tiny_llava, our_prompt_logits, rel_err
 
 
 class Llava(checks.FamilyChecks):
@@ -20,10 +20,7 @@ class Llava(checks.FamilyChecks):
 
     @staticmethod
     def hf_inputs(prompt):
-        inputs = {"input_ids": torch.tensor([prompt.token_ids])}
-        if prompt.images:
-            inputs["pixel_values"] = torch.cat([i.data["pixel_values"] for i in prompt.images])
-        return inputs
+        return hf_inputs_for("llava", prompt)
 
 
 LLAVA = Llava()

@@ -1,12 +1,11 @@
 """LLaVA-NeXT (anyres tiles, unpadding, image_newline) end to end against transformers, fp32 on CPU."""
 
 import pytest
-import torch
 from transformers import LlavaNextForConditionalGeneration
 
 from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import make_tiny_llava_next
+from tests.vision.tiny_vlm import hf_inputs_for, make_tiny_llava_next
 
 
 class LlavaNext(checks.FamilyChecks):
@@ -14,18 +13,7 @@ class LlavaNext(checks.FamilyChecks):
 
     @staticmethod
     def hf_inputs(prompt):
-        inputs = {"input_ids": torch.tensor([prompt.token_ids])}
-        if prompt.images:
-            tiles = max(i.data["pixel_values"].shape[0] for i in prompt.images)
-            padded = [
-                torch.nn.functional.pad(
-                    i.data["pixel_values"], (0, 0, 0, 0, 0, 0, 0, tiles - i.data["pixel_values"].shape[0])
-                )
-                for i in prompt.images
-            ]
-            inputs["pixel_values"] = torch.stack(padded)
-            inputs["image_sizes"] = torch.cat([i.data["image_sizes"] for i in prompt.images])
-        return inputs
+        return hf_inputs_for("llava-next", prompt)
 
 
 LLAVA_NEXT = LlavaNext()

@@ -1,12 +1,11 @@
 """Qwen2-VL and Qwen2.5-VL end to end against transformers (M-RoPE, window attention), fp32 on CPU."""
 
 import pytest
-import torch
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
 from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import conversations, image, make_tiny_qwen_vl
+from tests.vision.tiny_vlm import conversations, hf_inputs_for, image, make_tiny_qwen_vl
 
 
 class QwenVL(checks.FamilyChecks):
@@ -15,14 +14,7 @@ class QwenVL(checks.FamilyChecks):
         self.hf_class = Qwen2VLForConditionalGeneration if version == "2" else Qwen2_5_VLForConditionalGeneration
 
     def hf_inputs(self, prompt):
-        ids = torch.tensor([prompt.token_ids])
-        inputs = {"input_ids": ids}
-        if prompt.images:
-            inputs["pixel_values"] = torch.cat([i.data["pixel_values"] for i in prompt.images])
-            inputs["image_grid_thw"] = torch.cat([i.data["image_grid_thw"] for i in prompt.images])
-            placeholder = prompt.token_ids[prompt.images[0].offset]
-            inputs["mm_token_type_ids"] = (ids == placeholder).int()
-        return inputs
+        return hf_inputs_for("qwen", prompt)
 
 
 @pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2-vl", "qwen2.5-vl"])

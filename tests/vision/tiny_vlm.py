@@ -36,8 +36,8 @@ def _scale_weights(model, seed: int, never_emit: list[int]) -> None:
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3 if "embed_tokens" in name else 0.15)
+            if p.dim() >= 2:  # 0.15 for the tiny shapes; fan-in scaled for the mid-size benchmark models
+                p.normal_(0.0, 0.3 if "embed_tokens" in name else min(0.15, 2.0 / p[0].numel() ** 0.5))
             elif "norm" in name or "lambda" in name:
                 p.add_(torch.randn_like(p) * 0.05)
             else:
@@ -45,10 +45,18 @@ def _scale_weights(model, seed: int, never_emit: list[int]) -> None:
         model.lm_head.weight[never_emit] = 0.0
 
 
-def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") -> Path:
+# The GPU benchmark's end-to-end models: real tower shapes, a small decoder.
+MID_TEXT = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                num_key_value_heads=8)  # fmt: skip
+MID_CLIP = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                image_size=336, patch_size=14)  # fmt: skip
+
+
+def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip", mid: bool = False) -> Path:
+    """LLaVA with a 28px CLIP/SigLIP tower (7px patches) and a Llama decoder; `mid`: CLIP-L/336, 1024-wide."""
     from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
-    out = Path(tmp_path) / f"tiny-llava-{tower}"
+    out = Path(tmp_path) / f"{'mid' if mid else 'tiny'}-llava-{tower}"
     if (out / "config.json").exists():
         return out
     tok = make_tokenizer()
@@ -57,9 +65,11 @@ def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") ->
         num_attention_heads=4, image_size=28, patch_size=7,
         hidden_act="quick_gelu" if tower == "clip" else "gelu_pytorch_tanh",
     )  # fmt: skip
+    vision.update(MID_CLIP if mid else {})
+    side, patch = vision["image_size"], vision["patch_size"]
     config = LlavaConfig(
         vision_config=vision,
-        text_config=tiny_llama_config().to_dict(),
+        text_config=tiny_llama_config(**(MID_TEXT if mid else {})).to_dict(),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2,
         vision_feature_select_strategy="default" if tower == "clip" else "full",
@@ -68,11 +78,10 @@ def make_tiny_llava(tmp_path: str | Path, seed: int = 0, tower: str = "clip") ->
     model = LlavaForConditionalGeneration(config)
     _scale_weights(model, seed, [config.image_token_id])
     model.save_pretrained(out, safe_serialization=True)
-    size = {"height": 28, "width": 28}
     processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size=size),
+        image_processor=CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side}),
         tokenizer=tok,
-        patch_size=7,
+        patch_size=patch,
         vision_feature_select_strategy=config.vision_feature_select_strategy,
         num_additional_image_tokens=1 if tower == "clip" else 0,
         chat_template=template("<image>\n"),
@@ -98,25 +107,44 @@ def hf_generate(model, inputs: dict, max_new_tokens: int) -> tuple[list[int], to
             if step == 0:
                 prompt_logits = logits
             out.append(int(logits[-1].argmax()))
-            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+            ids = torch.cat([ids, torch.tensor([[out[-1]]], device=ids.device)], dim=1)
             if "mm_token_type_ids" in extra:  # M-RoPE models: the new token is text
-                extra["mm_token_type_ids"] = torch.cat(
-                    [extra["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.int)], 1
-                )
+                types = extra["mm_token_type_ids"]
+                extra["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, 1)], 1)
     return out, prompt_logits
 
 
+def hf_inputs_for(family: str, prompt, device="cpu") -> dict:
+    """The transformers model's inputs for one of our prompts (the same token ids and pixels)."""
+    ids = torch.tensor([prompt.token_ids])
+    inputs = {"input_ids": ids}
+    images = [i.data for i in prompt.images]
+    if images and family in ("llava", "internvl"):
+        inputs["pixel_values"] = torch.cat([d["pixel_values"] for d in images])
+    elif images and family == "llava-next":
+        tiles = max(d["pixel_values"].shape[0] for d in images)
+        pad = [torch.nn.functional.pad(d["pixel_values"], (0,) * 6 + (0, tiles - d["pixel_values"].shape[0])) for d in images]
+        inputs["pixel_values"] = torch.stack(pad)
+        inputs["image_sizes"] = torch.cat([d["image_sizes"] for d in images])
+    elif images and family.startswith("qwen"):
+        inputs["pixel_values"] = torch.cat([d["pixel_values"] for d in images])
+        inputs["image_grid_thw"] = torch.cat([d["image_grid_thw"] for d in images])
+        inputs["mm_token_type_ids"] = (ids == prompt.token_ids[prompt.images[0].offset]).int()
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
 @torch.no_grad()
-def our_prompt_logits(model, prompt) -> torch.Tensor:
+def our_prompt_logits(model, prompt, device="cpu") -> torch.Tensor:
     """Prompt logits [tokens, vocab] of our model over one prefill (images embedded as the runner does)."""
     from llm.engine.context import use_context
     from tests.llm.paged import PagedCache
 
-    cache = PagedCache(model, num_blocks=256)
-    meta, positions = cache.metadata([(0, prompt.token_ids)])
+    with torch.device(device):
+        cache = PagedCache(model, num_blocks=256, dtype=model.language_model.model.embed_tokens.weight.dtype)
+        meta, positions = cache.metadata([(0, prompt.token_ids)])
     if prompt.mrope_positions is not None:
-        positions = prompt.mrope_positions
-    ids = torch.tensor(prompt.token_ids)
+        positions = prompt.mrope_positions.to(device)
+    ids = torch.tensor(prompt.token_ids, device=device)
     embeds = model.get_input_embeddings(ids).clone()
     if prompt.images:
         for item, emb in zip(prompt.images, model.embed_multimodal([i.data for i in prompt.images]), strict=True):
@@ -159,8 +187,11 @@ def conversations(img) -> dict[str, list]:
 QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 
-def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -> Path:
-    """Qwen2-VL (version "2") or Qwen2.5-VL ("2.5") with 4px patches, 2x2 merge and a Qwen2 decoder."""
+def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0, mid: bool = False) -> Path:
+    """Qwen2-VL (version "2") or Qwen2.5-VL ("2.5") with 4px patches, 2x2 merge and a Qwen2 decoder.
+
+    `mid`: 14px patches, 8 ViT blocks of width 1280 (the 675M tower's), a 1024-wide decoder.
+    """
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
@@ -171,7 +202,7 @@ def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -
         Qwen2VLVideoProcessor,
     )  # fmt: skip
 
-    out = Path(tmp_path) / f"tiny-qwen{version}-vl"
+    out = Path(tmp_path) / f"{'mid' if mid else 'tiny'}-qwen{version}-vl"
     if (out / "config.json").exists():
         return out
     tok = make_tokenizer()
@@ -183,12 +214,17 @@ def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )  # fmt: skip
-    vision = dict(depth=2, num_heads=2, patch_size=4, temporal_patch_size=2, spatial_merge_size=2)
+    if mid:
+        text.update(MID_TEXT, rope_parameters={**text["rope_parameters"], "mrope_section": [16, 24, 24]})
+    patch = 14 if mid else 4
+    vision = dict(depth=8 if mid else 2, num_heads=16 if mid else 2, patch_size=patch, temporal_patch_size=2,
+                  spatial_merge_size=2)  # fmt: skip
     if version == "2":
-        vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2, hidden_act="quick_gelu")
+        vision.update(embed_dim=1280 if mid else 32, hidden_size=text["hidden_size"], mlp_ratio=4 if mid else 2,
+                      hidden_act="quick_gelu")  # fmt: skip
         config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
     else:
-        vision.update(hidden_size=32, intermediate_size=48, out_hidden_size=64, window_size=16,
+        vision.update(hidden_size=32, intermediate_size=48, out_hidden_size=text["hidden_size"], window_size=16,
                       fullatt_block_indexes=[1], hidden_act="silu")  # fmt: skip
         config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     config = config_cls(
@@ -199,7 +235,9 @@ def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0) -
     model = model_cls(config)
     _scale_weights(model, seed, list(ids.values()))
     model.save_pretrained(out, safe_serialization=True)
-    pixels = dict(min_pixels=8 * 8, max_pixels=48 * 48, patch_size=4, temporal_patch_size=2, merge_size=2)
+    unit = 2 * patch
+    pixels = dict(min_pixels=unit**2, max_pixels=36 * unit**2, patch_size=patch, temporal_patch_size=2,
+                  merge_size=2)  # fmt: skip
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessor(**pixels),
         video_processor=Qwen2VLVideoProcessor(**pixels),

@@ -1,0 +1,264 @@
+"""Vision towers on the GPU: images/s of ours vs transformers, and bf16 agreement, in one run.
+
+Towers (random weights, bf16): CLIP ViT-L/336 (LLaVA-1.5's, 577 tokens per image) and the
+Qwen2-VL 675M ViT (32 blocks of width 1280) on 448x448 images (1024 patches -> 256 tokens).
+Each is timed as transformers runs it (SDPA attention) and as ours runs it, eagerly and
+replayed from a CUDA graph (what `embed_multimodal` does on CUDA). The same run checks
+ours and transformers in bf16 against transformers in fp32, and a mid-size random LLaVA
+and Qwen2-VL end to end (prompt logits, greedy tokens) in bf16.
+
+    python -m benchmarks.vision [--out DIR] [--smoke]
+
+Writes vision_<device>.json and .md under --out and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                 image_size=336, patch_size=14, hidden_act="quick_gelu")  # fmt: skip
+QWEN2_VL_VIT = dict(embed_dim=1280, depth=32, num_heads=16, mlp_ratio=4, hidden_size=3584, patch_size=14,
+                    temporal_patch_size=2, spatial_merge_size=2, hidden_act="quick_gelu")  # fmt: skip
+SMOKE_CLIP = dict(CLIP_L336, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=56)  # fmt: skip
+SMOKE_QWEN = dict(QWEN2_VL_VIT, embed_dim=64, depth=2, num_heads=4, hidden_size=96)
+
+
+def timed(fn, iters: int) -> float:
+    """Median seconds per call (CUDA events on a GPU, wall clock on the CPU)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(iters):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def clip_pair(shape: dict, device: str):
+    """(transformers CLIPVisionModel fp32, our tower bf16) with the same random weights."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    from vision.encoders.clip import ClipVisionConfig, ClipVisionTower
+
+    torch.manual_seed(0)
+    config = CLIPVisionConfig(**shape, attn_implementation="sdpa")
+    with torch.device(device):
+        hf32 = CLIPVisionModel(config).eval()
+        ours = ClipVisionTower(ClipVisionConfig.from_hf(config), [-1]).eval()
+    ours.load_weights(hf32.state_dict().items())
+    return hf32, ours.to(torch.bfloat16)
+
+
+def qwen_pair(shape: dict, device: str):
+    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    from vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
+
+    torch.manual_seed(0)
+    config = Qwen2VLVisionConfig(**shape)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        hf32 = Qwen2VisionTransformerPretrainedModel._from_config(config).eval()
+        ours = QwenVisionTransformer(QwenViTConfig.from_hf(config)).eval()
+    ours.load_weights(hf32.state_dict().items())
+    return hf32, ours.to(torch.bfloat16)
+
+
+def compare(batch, iters, hf_call, ours_call, graphs, *graph_inputs, fn) -> dict:
+    """images/s of transformers, ours eager and ours replayed from a CUDA graph of `fn(*graph_inputs)` (GPU)."""
+    row = {"batch": batch, "hf_img_s": batch / timed(hf_call, iters)}
+    row["ours_eager_img_s"] = batch / timed(ours_call, iters)
+    if graph_inputs[0].is_cuda:
+        graphed = graphs.run(batch, fn, *graph_inputs)
+        row["graph_matches_eager"] = rel_err(graphed, ours_call()) < 1e-2
+        row["ours_graph_img_s"] = batch / timed(lambda: graphs.run(batch, fn, *graph_inputs), iters)
+    return row
+
+
+@torch.inference_mode()
+def bench_clip(shape, batches, device, iters):
+    from vision.cuda_graphs import GraphCache
+
+    hf32, ours = clip_pair(shape, device)
+    rows = []
+    pixels = torch.randn(2, 3, shape["image_size"], shape["image_size"], device=device)
+    want32 = hf32(pixels).last_hidden_state
+    hf = hf32.to(torch.bfloat16)  # in place: the fp32 copy is gone from here on
+    err = {"ours_bf16_vs_hf_fp32": rel_err(ours(pixels.bfloat16())[0], want32),
+           "hf_bf16_vs_hf_fp32": rel_err(hf(pixels.bfloat16()).last_hidden_state, want32)}  # fmt: skip
+    graphs = GraphCache()
+    first = lambda p: ours(p)[0]  # noqa: E731
+    for batch in batches:
+        x = torch.randn(batch, 3, shape["image_size"], shape["image_size"], device=device, dtype=torch.bfloat16)
+        rows.append(compare(batch, iters, lambda x=x: hf(x), lambda x=x: first(x), graphs, x, fn=first))
+    return {"errors": err, "rows": rows}
+
+
+def qwen_inputs(images: int, side: int, patch: int, device: str):
+    grid = side // patch
+    grid_thw = torch.tensor([[1, grid, grid]] * images, device=device)
+    pixels = torch.randn(images * grid * grid, 3 * 2 * patch * patch, device=device)
+    return pixels, grid_thw
+
+
+@torch.inference_mode()
+def bench_qwen(shape, batches, side, device, iters):
+    import functools
+
+    from vision.cuda_graphs import GraphCache
+
+    hf32, ours = qwen_pair(shape, device)
+    pixels, grid = qwen_inputs(2, side, shape["patch_size"], device)
+    want32 = hf32(pixels, grid_thw=grid).pooler_output
+    hf = hf32.to(torch.bfloat16)  # in place
+    err = {"ours_bf16_vs_hf_fp32": rel_err(ours(pixels.bfloat16(), grid), want32),
+           "hf_bf16_vs_hf_fp32": rel_err(hf(pixels.bfloat16(), grid_thw=grid).pooler_output, want32)}  # fmt: skip
+    rows = []
+    graphs = GraphCache()
+    for batch in batches:
+        x, g = qwen_inputs(batch, side, shape["patch_size"], device)
+        x = x.bfloat16()
+        plan = ours.plan(g, x.device)
+        encode = functools.partial(ours.encode, max_full=plan.max_full, max_win=plan.max_win)
+        rows.append(compare(batch, iters, lambda x=x, g=g: hf(x, grid_thw=g), lambda x=x, g=g: ours(x, g), graphs,
+                            x, *plan.tensors(), fn=encode))  # fmt: skip
+    return {"errors": err, "rows": rows}
+
+
+def end_to_end(family: str, device: str, smoke: bool) -> dict:
+    """A mid-size random VLM in bf16: prompt logits and 8 greedy tokens vs transformers bf16 (and fp32)."""
+    from transformers import AutoProcessor
+
+    from llm import LLM, SamplingParams
+    from tests.vision import tiny_vlm
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"vlchat-{family}-"))
+    builder = {"llava": tiny_vlm.make_tiny_llava, "qwen2-vl": tiny_vlm.make_tiny_qwen_vl}[family]
+    model_dir = builder(tmp, mid=not smoke)
+    hf_cls = {"llava": "LlavaForConditionalGeneration", "qwen2-vl": "Qwen2VLForConditionalGeneration"}[family]
+    import transformers
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    hf = getattr(transformers, hf_cls).from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    llm = LLM(str(model_dir), dtype="bfloat16", device=device, num_blocks=256, block_size=16)
+    model = llm.engine.runner.model
+    convs = tiny_vlm.conversations(lambda seed: tiny_vlm.image(seed, (448, 336)))
+    out = {}
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    names = ["one_image", "two_images", "second_turn", "text_only"]
+    got = llm.generate([convs[n] for n in names], params)  # one mixed batch
+    for name, result in zip(names, got, strict=True):
+        prompt = type(model).process_prompt(processor, convs[name], {})
+        inputs = tiny_vlm.hf_inputs_for(family, prompt, device)
+        tokens, logits = tiny_vlm.hf_generate(hf, inputs, 8)
+        ours = tiny_vlm.our_prompt_logits(model, prompt, device=device)
+        agree = next((i for i, (a, b) in enumerate(zip(tokens, result.token_ids, strict=True)) if a != b), 8)
+        out[name] = {"logits_rel_err_vs_hf_bf16": rel_err(ours, logits), "greedy_tokens_agreeing": agree}
+    return out
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# Vision towers on {res['device']}", "",
+             f"{res['date']}; torch {res['torch']}, triton {res['triton']}, transformers {res['transformers']}, "
+             f"python {res['python']}. bf16, random weights; images/s = batch / median forward time.", ""]  # fmt: skip
+    for name, title in (("clip", "CLIP ViT-L/336 (577 tokens/image)"), ("qwen", "Qwen2-VL ViT 675M, 448x448 images")):
+        part = res.get(name)
+        if not part or "rows" not in part:
+            lines += [f"## {title}", "", f"failed: {part}", ""]
+            continue
+        e = part["errors"]
+        lines += [f"## {title}", "",
+                  f"max rel err vs transformers fp32: ours bf16 {e['ours_bf16_vs_hf_fp32']:.2e}, "
+                  f"transformers bf16 {e['hf_bf16_vs_hf_fp32']:.2e}", "",
+                  "| images | transformers img/s | ours eager img/s | ours CUDA graph img/s | eager x | graph x |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in part["rows"]:
+            g = r.get("ours_graph_img_s", float("nan"))
+            lines.append(
+                f"| {r['batch']} | {r['hf_img_s']:.1f} | {r['ours_eager_img_s']:.1f} | {g:.1f} | "
+                f"{r['ours_eager_img_s'] / r['hf_img_s']:.2f}x | {g / r['hf_img_s']:.2f}x |"
+            )
+        lines.append("")
+    for family in ("llava", "qwen2-vl"):
+        part = res.get(f"e2e_{family}")
+        lines += [f"## End to end, {family} (mid-size random model, bf16, mixed batch)", ""]
+        if not isinstance(part, dict) or "one_image" not in part:
+            lines += [f"failed: {part}", ""]
+            continue
+        lines += ["| conversation | prompt logits rel err vs transformers bf16 | greedy tokens agreeing (of 8) |",
+                  "|---|---|---|"]  # fmt: skip
+        for name, r in part.items():
+            lines.append(f"| {name} | {r['logits_rel_err_vs_hf_bf16']:.2e} | {r['greedy_tokens_agreeing']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script)")
+    args = parser.parse_args()
+    import transformers
+    import triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    res = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version()}  # fmt: skip
+    iters = 3 if args.smoke else 20
+    jobs = {
+        "clip": lambda: bench_clip(SMOKE_CLIP if args.smoke else CLIP_L336, [1, 2] if args.smoke else [1, 8, 32],
+                                   device, iters),
+        "qwen": lambda: bench_qwen(SMOKE_QWEN if args.smoke else QWEN2_VL_VIT, [1, 2] if args.smoke else [1, 4, 8],
+                                   56 if args.smoke else 448, device, iters),
+        "e2e_llava": lambda: end_to_end("llava", device, args.smoke),
+        "e2e_qwen2-vl": lambda: end_to_end("qwen2-vl", device, args.smoke),
+    }  # fmt: skip
+    for key, job in jobs.items():
+        t0 = time.time()
+        try:
+            res[key] = job()
+        except Exception as e:  # report and go on: one broken part must not hide the others
+            traceback.print_exc()
+            res[key] = f"{type(e).__name__}: {e}"
+        print(f"[{key}] {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+        torch.cuda.empty_cache() if device == "cuda" else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"vision_{name.replace(' ', '_')}"
+    stem.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    md = markdown(res)
+    stem.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
