@@ -86,6 +86,9 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
             server_port=config.port,
             footer_links=["api", "settings"],
         )
+        # Gradio checks that file paths in a request were uploaded by a user only once `launch()` ran;
+        # a mounted app never launches, so without this any image file on the server could be named.
+        blocks.has_launched = True
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     return app
 

@@ -16,3 +16,14 @@ def test_gradio_client_chat_with_image(server):
         assert isinstance(with_image, str) and with_image and with_image != text
     finally:
         client.close()
+
+
+def test_ui_api_refuses_server_paths_that_were_not_uploaded(server, tmp_path):
+    import httpx
+
+    secret = tmp_path / "secret.png"
+    secret.write_bytes((EXAMPLES / "one-shape.png").read_bytes())
+    message = {"text": "hi", "files": [{"path": str(secret), "meta": {"_type": "gradio.FileData"}}]}
+    call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
+    events = httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}").text
+    assert "event: error" in events and "not uploaded by a user" in events
