@@ -27,3 +27,23 @@ def test_ui_api_refuses_server_paths_that_were_not_uploaded(server, tmp_path):
     call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
     events = httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}").text
     assert "event: error" in events and "not uploaded by a user" in events
+
+
+def test_auth_protects_the_ui(tiny_engine, tiny_choice):
+    import httpx
+
+    from tests.app.live import start_server
+
+    server = start_server(tiny_engine, tiny_choice, auth=("ann", "s3cret"))
+    try:
+        message = {"text": "What is this?", "files": []}
+        refused = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
+        assert refused.status_code == 401
+        client = Client(server.url, auth=("ann", "s3cret"), verbose=False)
+        try:
+            assert client.predict(message, "", 0.0, 0.95, 4, api_name="/chat")
+        finally:
+            client.close()
+        assert httpx.get(f"{server.url}/health").status_code == 200  # health and /v1 are not behind the UI login
+    finally:
+        server.stop()
