@@ -89,7 +89,9 @@ class AsyncEngine:
         self._streams[request_id] = (loop, stream)
         finished = False
         try:
-            await self._call(self.engine.add_request, request_id, prompt, params, mm_options)
+            # tokenizing and image preprocessing run in a worker thread, not on the engine thread
+            mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
+            await self._call(self.engine.add_request, request_id, mm_prompt, params)
             while not finished:
                 out = await stream.get()
                 if isinstance(out, BaseException):

@@ -19,7 +19,7 @@ from llm.engine.request import Request
 from llm.engine.scheduler import Scheduler
 from llm.engine.sequence import Sequence
 from llm.errors import InvalidRequestError, PromptTooLongError
-from llm.inputs import normalize_prompt
+from llm.inputs import MultiModalPrompt, normalize_prompt
 from llm.outputs import RequestOutput
 from llm.sampling_params import SamplingParams
 from llm.tokenizer import load_tokenizer, stop_token_ids
@@ -78,6 +78,10 @@ class LLMEngine:
             self.processor = AutoProcessor.from_pretrained(self.config.model, local_files_only=True)
         return self.processor
 
+    def normalize_prompt(self, prompt, mm_options=None) -> MultiModalPrompt:
+        """Tokenize / run the processor (thread-safe: AsyncEngine calls it off the engine thread)."""
+        return normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options)
+
     def add_request(
         self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None, stream: bool = True
     ) -> None:
@@ -88,7 +92,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        mm_prompt = normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options)
+        mm_prompt = self.normalize_prompt(prompt, mm_options)
         prompt_len = len(mm_prompt.token_ids)
         if params.max_tokens is None:
             if prompt_len >= self.max_model_len:
