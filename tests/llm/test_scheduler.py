@@ -111,3 +111,48 @@ def test_finish_releases_blocks_at_once():
     assert sched.block_manager.num_free_blocks == 5
     sched.finish(a)
     assert sched.block_manager.num_free_blocks == 8 and not sched.has_unfinished()
+
+
+def check_invariants(sched: Scheduler) -> None:
+    bm = sched.block_manager
+    refs = [0] * bm.num_blocks
+    for s in list(sched.running) + list(sched.waiting):
+        for b in s.block_table:
+            refs[b] += 1
+    assert [b.ref_count for b in bm.blocks] == refs
+    free = set(bm.free_plain) | set(bm.free_cached)
+    assert len(free) == bm.num_free_blocks  # no block listed twice
+    assert free == {i for i, r in enumerate(refs) if r == 0}
+    assert all(bm.blocks[i].hash is not None for i in bm.free_cached)
+    assert all(bm.hash_to_block[bm.blocks[i].hash] == i for i in range(bm.num_blocks) if bm.blocks[i].hash)
+    for s in sched.running:
+        assert len(s.block_table) * BS >= s.num_computed_tokens
+
+
+def test_random_workload_keeps_block_accounting_exact():
+    """Random arrivals (with shared prefixes), lengths, finishes and aborts against a small pool."""
+    import random
+
+    rng = random.Random(0)
+    sched = make(num_blocks=24, max_num_batched_tokens=16, max_num_seqs=6)
+    live: list[Sequence] = []
+    hits = 0
+    for step in range(400):
+        if rng.random() < 0.3 and len(live) < 10:
+            prefix = [7] * rng.choice([0, 4, 8, 12])
+            s = seq(rng.randint(1, 30), start=rng.randint(0, 3) * 100)
+            s.token_ids = prefix + s.token_ids
+            s.num_prompt_tokens = len(s.token_ids)
+            s.max_tokens = rng.randint(1, 20)
+            sched.add(s)
+            live.append(s)
+        hits += sum(1 for s in run_step(sched, token=step) if s.num_cached_prompt_tokens and s.num_output_tokens == 0)
+        for s in list(live):
+            if s.num_output_tokens >= s.max_tokens or (rng.random() < 0.02):
+                sched.finish(s)
+                live.remove(s)
+        check_invariants(sched)
+    for s in live:
+        sched.finish(s)
+    check_invariants(sched)
+    assert sched.block_manager.num_free_blocks == 24 and sched.num_preemptions > 0 and hits > 0
