@@ -72,3 +72,7 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return [final[i] for i in ids]
+
+    def close(self) -> None:
+        """Free the KV cache and CUDA graphs now (the engine cannot generate afterwards)."""
+        self.engine.close()
