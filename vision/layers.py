@@ -13,6 +13,7 @@ from timm.layers import Mlp, QuickGELU
 from torch import nn
 
 from kernels.attention import varlen_attention
+from kernels.ops import apply_rotary
 from llm.layers.activation import get_act_and_mul
 from llm.layers.linear import MergedLinear, QKVLinear
 
@@ -64,17 +65,13 @@ class SwiGLU(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class VisionAttention(nn.Module):
     """Bidirectional multi-head attention within each segment of cu_seqlens (one image or window).
 
     q, k and v come from one fused `qkv_proj` linear (pieces "q", "k", "v"), the output
-    projection is `proj`; `rotary` (cos, sin: [tokens, head_dim], fp32) rotates q and k
-    in fp32 like the HF Qwen towers; `qk_norm` is InternViT-6B's RMSNorm over
+    projection is `proj`; `rotary` = (rows [tokens] int64, table [rows, head_dim] fp32: cos half
+    then sin half) rotates q and k neox-style (kernels.ops.apply_rotary, fp32 math like the
+    HF Qwen towers); `qk_norm` is InternViT-6B's RMSNorm over
     the whole q and k vectors.
     """
 
@@ -105,10 +102,7 @@ class VisionAttention(nn.Module):
         k = k.reshape(tokens, self.num_heads, self.head_dim)
         v = v.reshape(tokens, self.num_heads, self.head_dim)
         if rotary is not None:
-            cos, sin = (t.unsqueeze(1) for t in rotary)  # [tokens, 1, head_dim]
-            q32, k32 = q.float(), k.float()
-            q = (q32 * cos + rotate_half(q32) * sin).to(v.dtype)
-            k = (k32 * cos + rotate_half(k32) * sin).to(v.dtype)
+            q, k = apply_rotary(q, k, rotary[0], rotary[1])
         out = varlen_attention(q, k, v, cu_seqlens, max_seqlen, self.scale)  # head_dim-contiguous views suffice
         return self.proj(out.reshape(tokens, -1))
 

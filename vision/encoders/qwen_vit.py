@@ -81,10 +81,11 @@ class QwenViTConfig:
 
 @dataclass(slots=True)
 class VisionPlan:
-    """Per-grid inputs of `encode`: rotary cos/sin [N, head_dim] fp32, full-image and window segments."""
+    """Per-grid inputs of `encode`: the rotary table (row i for patch i, cos half then sin half, fp32),
+    full-image and window segments."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rows: torch.Tensor
+    table: torch.Tensor
     cu_full: torch.Tensor
     max_full: int
     order: torch.Tensor | None  # merged-token permutation into windows (Qwen2.5-VL)
@@ -94,7 +95,7 @@ class VisionPlan:
 
     def tensors(self) -> list[torch.Tensor]:
         extra = [] if self.order is None else [self.order, self.reverse, self.cu_win]
-        return [self.cos, self.sin, self.cu_full, *extra]
+        return [self.rows, self.table, self.cu_full, *extra]
 
 
 class QwenViTBlock(nn.Module):
@@ -152,7 +153,7 @@ class QwenVisionTransformer(nn.Module):
         grids = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
         pos = rotary_positions(grids, cfg.spatial_merge_size)  # [N, 2]
         freqs = (pos[..., None].float() * self.inv_freq.cpu()).flatten(1)  # [N, head_dim / 2]: h then w
-        emb = torch.cat([freqs, freqs], dim=-1)  # [N, head_dim]
+        table = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [N, head_dim]
         cu_full, max_full = full_cu_seqlens(grids, device)
         if not cfg.window_size:
             order = reverse = cu_win = None
@@ -160,12 +161,12 @@ class QwenVisionTransformer(nn.Module):
         else:
             unit = cfg.spatial_merge_size**2
             order, cu_win, max_win = window_index(grids, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
-            emb = emb.view(-1, unit, emb.shape[-1])[order].view(-1, emb.shape[-1])
+            table = table.view(-1, unit, table.shape[-1])[order].view(-1, table.shape[-1])
             order, reverse, cu_win = order.to(device), torch.argsort(order).to(device), cu_win.to(device)
-        cos, sin = emb.cos().to(device), emb.sin().to(device)
-        return VisionPlan(cos, sin, cu_full, max_full, order, reverse, cu_win, max_win)
+        rows = torch.arange(table.shape[0], device=device)
+        return VisionPlan(rows, table.to(device), cu_full, max_full, order, reverse, cu_win, max_win)
 
-    def encode(self, pixel_values, cos, sin, cu_full, order=None, reverse=None, cu_win=None, *, max_full, max_win):
+    def encode(self, pixel_values, rows, table, cu_full, order=None, reverse=None, cu_win=None, *, max_full, max_win):
         """The device part of the forward (capturable in a CUDA graph for one set of grids)."""
         cfg = self.cfg
         weight = self.patch_embed.proj.weight
@@ -176,9 +177,9 @@ class QwenVisionTransformer(nn.Module):
             x = x.view(-1, unit, cfg.dim)[order].view(-1, cfg.dim)
         for i, block in enumerate(self.blocks):
             if order is None or i in cfg.fullatt_block_indexes:
-                x = block(x, cu_full, max_full, (cos, sin))
+                x = block(x, cu_full, max_full, (rows, table))
             else:
-                x = block(x, cu_win, max_win, (cos, sin))
+                x = block(x, cu_win, max_win, (rows, table))
         merged = self.merger(x)
         return merged if reverse is None else merged[reverse]
 
