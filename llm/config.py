@@ -84,7 +84,8 @@ class EngineConfig:
         device: "auto" picks CUDA when present.
         max_model_len: context limit; default from the config and its RoPE scaling.
         enforce_eager: never capture CUDA graphs.
-        kernel_backend: "auto" | "triton" | "torch", passed to kernels.settings.set_backend.
+        kernel_backend: "auto" | "triton" | "torch", passed to kernels.settings.set_backend;
+            None keeps the process's setting (VLCHAT_KERNEL_BACKEND, default auto).
         seed: seeds the engine's generator used by unseeded sampling requests.
         served_model_name: the name the API reports (default: the directory name).
     """
@@ -95,7 +96,7 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int | None = None
     enforce_eager: bool = False
-    kernel_backend: str = "auto"
+    kernel_backend: str | None = None
     seed: int = 0
     served_model_name: str | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -106,7 +107,7 @@ class EngineConfig:
         _check(os.path.isdir(self.model), f"model directory {self.model!r} does not exist; pass a local HF model dir")
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
-        _check(self.kernel_backend in KERNEL_BACKENDS,
+        _check(self.kernel_backend is None or self.kernel_backend in KERNEL_BACKENDS,
                f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")  # fmt: skip
         _check(self.max_model_len is None or self.max_model_len >= 1,
                f"max_model_len must be >= 1, got {self.max_model_len}")  # fmt: skip

@@ -42,7 +42,8 @@ def _max_model_len(hf_config, override: int | None) -> int:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        kernel_settings.set_backend(config.kernel_backend)
+        if config.kernel_backend is not None:
+            kernel_settings.set_backend(config.kernel_backend)
         self.hf_config = load_hf_config(config.model)
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.processor = None  # multimodal models load their HF processor lazily (see _processor)
