@@ -24,6 +24,7 @@ log = logging.getLogger("vlchat.ui")
 
 DEFAULT_SYSTEM_PROMPT = ""
 UI_UPDATE_INTERVAL_S = 0.05
+UPLOAD_CLEANUP = (600, 3600)  # every 10 minutes, delete uploads older than an hour (and all of them at exit)
 EXAMPLE_PROMPTS = ("Describe the image.", "What shapes are in the image?", "How many shapes are there?")
 
 
@@ -119,7 +120,8 @@ def header(model: ModelChoice) -> str:
 
 def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
     max_len = getattr(engine, "max_model_len", None) or 2048
-    with gr.Blocks(title=f"vlchat - {model.name}", analytics_enabled=config.analytics_enabled, fill_height=True) as ui:
+    blocks = dict(title=f"vlchat - {model.name}", analytics_enabled=config.analytics_enabled, fill_height=True)
+    with gr.Blocks(**blocks, delete_cache=UPLOAD_CLEANUP) as ui:
         gr.Markdown(header(model), elem_id="model-name")
         with gr.Accordion("Generation settings", open=False, render=False, elem_id="settings") as settings:
             system = gr.Textbox(DEFAULT_SYSTEM_PROMPT, label="System prompt", lines=2, render=False)
@@ -147,7 +149,6 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
             examples=examples or None,
             cache_examples=False,
             editable=True,
-            delete_cache=(600, 3600),
             concurrency_limit=None,
             api_name="chat",
         )

@@ -47,3 +47,23 @@ def test_auth_protects_the_ui(tiny_engine, tiny_choice):
         assert httpx.get(f"{server.url}/health").status_code == 200  # health and /v1 are not behind the UI login
     finally:
         server.stop()
+
+
+def test_uploads_are_deleted_when_the_server_stops(tiny_engine, tiny_choice):
+    import os
+
+    import httpx
+
+    from tests.app.live import start_server
+
+    server = start_server(tiny_engine, tiny_choice)
+    try:
+        files = {"files": ("photo.png", (EXAMPLES / "one-shape.png").read_bytes(), "image/png")}
+        (uploaded,) = httpx.post(f"{server.url}/gradio_api/upload", files=files).json()
+        message = {"text": "What is this?", "files": [{"path": uploaded, "meta": {"_type": "gradio.FileData"}}]}
+        call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
+        assert "event: complete" in httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}").text
+        assert os.path.exists(uploaded)
+    finally:
+        server.stop()
+    assert not os.path.exists(uploaded)
