@@ -121,6 +121,11 @@ def bench_clip(shape, batches, device, iters):
     return {"errors": err, "rows": rows}
 
 
+def merged(out) -> torch.Tensor:
+    """The merged tokens of a transformers Qwen2-VL tower (a tensor in older versions, an output object in newer)."""
+    return out.pooler_output if hasattr(out, "pooler_output") else out
+
+
 def qwen_inputs(images: int, side: int, patch: int, device: str):
     grid = side // patch
     grid_thw = torch.tensor([[1, grid, grid]] * images, device=device)
@@ -136,10 +141,10 @@ def bench_qwen(shape, batches, side, device, iters):
 
     hf32, ours = qwen_pair(shape, device)
     pixels, grid = qwen_inputs(2, side, shape["patch_size"], device)
-    want32 = hf32(pixels, grid_thw=grid).pooler_output
+    want32 = merged(hf32(pixels, grid_thw=grid))
     hf = hf32.to(torch.bfloat16)  # in place
     err = {"ours_bf16_vs_hf_fp32": rel_err(ours(pixels.bfloat16(), grid), want32),
-           "hf_bf16_vs_hf_fp32": rel_err(hf(pixels.bfloat16(), grid_thw=grid).pooler_output, want32)}  # fmt: skip
+           "hf_bf16_vs_hf_fp32": rel_err(merged(hf(pixels.bfloat16(), grid_thw=grid)), want32)}  # fmt: skip
     rows = []
     graphs = GraphCache()
     for batch in batches:
@@ -177,7 +182,11 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
     for name, result in zip(names, got, strict=True):
         prompt = type(model).process_prompt(processor, convs[name], {})
         inputs = tiny_vlm.hf_inputs_for(family, prompt, device)
-        tokens, logits = tiny_vlm.hf_generate(hf, inputs, 8)
+        try:
+            tokens, logits = tiny_vlm.hf_generate(hf, inputs, 8)
+        except TypeError:  # transformers versions that compute M-RoPE without mm_token_type_ids
+            inputs.pop("mm_token_type_ids", None)
+            tokens, logits = tiny_vlm.hf_generate(hf, inputs, 8)
         ours = tiny_vlm.our_prompt_logits(model, prompt, device=device)
         agree = next((i for i, (a, b) in enumerate(zip(tokens, result.token_ids, strict=True)) if a != b), 8)
         out[name] = {"logits_rel_err_vs_hf_bf16": rel_err(ours, logits), "greedy_tokens_agreeing": agree}
@@ -242,6 +251,9 @@ def main() -> None:
         "e2e_llava": lambda: end_to_end("llava", device, args.smoke),
         "e2e_qwen2-vl": lambda: end_to_end("qwen2-vl", device, args.smoke),
     }  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"vision_{name.replace(' ', '_')}"
     for key, job in jobs.items():
         t0 = time.time()
         try:
@@ -250,11 +262,9 @@ def main() -> None:
             traceback.print_exc()
             res[key] = f"{type(e).__name__}: {e}"
         print(f"[{key}] {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-        torch.cuda.empty_cache() if device == "cuda" else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"vision_{name.replace(' ', '_')}"
-    stem.with_suffix(".json").write_text(json.dumps(res, indent=1))
+        stem.with_suffix(".json").write_text(json.dumps(res, indent=1))  # what is done survives a timeout
+        if device == "cuda":
+            torch.cuda.empty_cache()
     md = markdown(res)
     stem.with_suffix(".md").write_text(md)
     print(md)

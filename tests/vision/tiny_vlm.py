@@ -215,7 +215,7 @@ def make_tiny_qwen_vl(tmp_path: str | Path, version: str = "2", seed: int = 0, m
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )  # fmt: skip
     if mid:
-        text.update(MID_TEXT, rope_parameters={**text["rope_parameters"], "mrope_section": [16, 24, 24]})
+        text.update(MID_TEXT, rope_parameters={**text["rope_parameters"], "mrope_section": [8, 12, 12]})
     patch = 14 if mid else 4
     vision = dict(depth=8 if mid else 2, num_heads=16 if mid else 2, patch_size=patch, temporal_patch_size=2,
                   spatial_merge_size=2)  # fmt: skip
