@@ -11,7 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from app.errors import is_user_error
+from app.errors import AppError, is_user_error
 from app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
 from app.media import load_image
 from app.settings import MediaLimits
@@ -43,13 +43,19 @@ class TerminalChat:
             path = os.path.expanduser(arg.strip().strip("'\""))
             if not path:
                 return "usage: /image PATH"
+            if self.num_images() >= self.limits.max_images_per_request:
+                raise AppError(f"at most {self.limits.max_images_per_request} images per conversation; /reset first")
             self.pending_images.append(load_image(os.path.abspath(path), self.limits, trusted_path=True))
             return f"(image {len(self.pending_images)} attached to your next message: {path})"
         return f"unknown command {name}. {HELP}"
 
+    def num_images(self) -> int:
+        parts = [p for m in self.messages if isinstance(m["content"], list) for p in m["content"]]
+        return sum(p["type"] == "image" for p in parts) + len(self.pending_images)
+
     async def answer(self, text: str, write: Callable[[str], None]) -> str:
         """Send `text` (with the attached images), stream the answer through `write`, and remember the turn."""
-        turn = engine_message("user", [text], self.pending_images)
+        turn = engine_message("user", [*self.pending_images, text])
         prompt = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + self.messages
         params = sampling_params(**self.sampling)
         answer = ""

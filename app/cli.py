@@ -13,7 +13,7 @@ ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_block
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="a Hugging Face model directory or Hub id (default: the demo model in assets/)")
+    p.add_argument("--model", help="an HF model directory, Hub id or .gguf file (default: the demo model in assets/)")
     p.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), help="weights dtype (default: auto)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), help="where the model runs (default: auto)")
     p.add_argument("--max-model-len", type=int, help="context length limit in tokens")

@@ -21,25 +21,16 @@ from llm.errors import PromptTooLongError
 log = logging.getLogger("vlchat.generation")
 
 
-def engine_message(role: str, texts: Sequence[str], images: Sequence[Image.Image] = ()) -> dict:
-    """An OpenAI-style message the engine accepts: images first as {"type": "image"} parts, then the text."""
-    text = "\n".join(t for t in texts if t)
-    if not images:
-        return {"role": role, "content": text}
-    parts: list[dict] = [{"type": "image", "image": image} for image in images]
-    if text:
-        parts.append({"type": "text", "text": text})
-    return {"role": role, "content": parts}
+def engine_message(role: str, parts: Sequence[str | Image.Image]) -> dict:
+    """An OpenAI-style message the engine accepts, keeping the order of text and {"type": "image"} parts.
 
-
-def count_images(messages: Sequence[dict]) -> int:
-    return sum(
-        1
-        for message in messages
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if part.get("type") == "image"
-    )
+    Without images the content is one string (what every chat template understands).
+    """
+    if not any(isinstance(p, Image.Image) for p in parts):
+        return {"role": role, "content": "\n".join(p for p in parts if p)}
+    content = [{"type": "image", "image": p} if isinstance(p, Image.Image) else {"type": "text", "text": p}
+               for p in parts if isinstance(p, Image.Image) or p]  # fmt: skip
+    return {"role": role, "content": content}
 
 
 def sampling_params(defaults: dict | None = None, **fields) -> SamplingParams:

@@ -41,6 +41,8 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelCho
         untrained = not meta.get("trained", True)
         return ModelChoice(str(DEMO_MODEL), served_name or meta.get("name", "vlchat-demo"), untrained, True, [EXAMPLES])
     path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":  # config, tokenizer and weights in one file (llm/gguf.py)
+        return ModelChoice(str(path), served_name or path.stem, False, False, [EXAMPLES])
     if not path.is_dir():
         path = _from_hub_cache(model)
     if not (path / "config.json").is_file():

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import aclosing
+from pathlib import Path
 
 import gradio as gr
 
@@ -40,41 +41,42 @@ def file_path(item) -> str | None:
 
 def conversation(message: dict, history: Sequence[dict], system_prompt: str, limits: MediaLimits) -> list[dict]:
     """Gradio history + the new multimodal message -> engine messages (consecutive same-role turns merged)."""
-    turns: list[tuple[str, list[str], list[str]]] = []  # (role, texts, image paths)
+    turns: list[tuple[str, list]] = []  # (role, parts: text or image paths, in order)
 
-    def add(role: str, texts: list[str], paths: list[str]) -> None:
+    def add(role: str, parts: list) -> None:
         if turns and turns[-1][0] == role:
-            turns[-1][1].extend(texts)
-            turns[-1][2].extend(paths)
+            turns[-1][1].extend(parts)
         else:
-            turns.append((role, texts, paths))
+            turns.append((role, parts))
 
     for entry in history:
         role, content = entry.get("role"), entry.get("content")
         if role not in ("user", "assistant"):
             continue
-        texts, paths = [], []
+        parts = []
         for part in content if isinstance(content, list) else [content]:
             if isinstance(part, str):
-                texts.append(part)
+                parts.append(part)
             elif isinstance(part, dict) and part.get("type") == "text":
-                texts.append(part.get("text", ""))
+                parts.append(part.get("text", ""))
             elif role == "user" and (path := file_path(part)):
-                paths.append(path)
-        add(role, texts, paths)
-    add("user", [message.get("text") or ""], [p for p in map(file_path, message.get("files") or []) if p])
-    total = sum(len(paths) for _, _, paths in turns)
+                parts.append(Path(path))
+        add(role, parts)
+    new_files = [Path(p) for p in map(file_path, message.get("files") or []) if p]
+    text = message.get("text") or ""
+    if not text.strip() and not new_files:
+        raise AppError("type a message or attach an image first")
+    add("user", [*new_files, text])
+    total = sum(isinstance(p, Path) for _, parts in turns for p in parts)
     if total > limits.max_images_per_request:
         raise AppError(
             f"this conversation has {total} images; at most {limits.max_images_per_request} fit one request. "
             "Press Clear to start a new chat."
         )
-    if not turns[-1][1][-1].strip() and not turns[-1][2]:
-        raise AppError("type a message or attach an image first")
     messages = [{"role": "system", "content": system_prompt.strip()}] if system_prompt.strip() else []
-    for role, texts, paths in turns:
-        images = [load_image(path, limits, trusted_path=True) for path in paths]
-        messages.append(engine_message(role, texts, images))
+    for role, parts in turns:
+        loaded = [load_image(p, limits, trusted_path=True) if isinstance(p, Path) else p for p in parts]
+        messages.append(engine_message(role, loaded))
     return messages
 
 

@@ -56,9 +56,8 @@ async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, mod
     for message in body.messages:
         role = "system" if message.role == "developer" else message.role
         if isinstance(message.content, list):
-            texts = [p.text for p in message.content if not isinstance(p, ImagePart)]
-            own = [next(next_image) for p in message.content if isinstance(p, ImagePart)]
-            prompt.append(engine_message(role, texts, own))
+            parts = [next(next_image) if isinstance(p, ImagePart) else p.text for p in message.content]
+            prompt.append(engine_message(role, parts))
         else:
             prompt.append(engine_message(role, [message.content or ""]))
     params = sampling_params(

@@ -6,7 +6,7 @@ import io
 import pytest
 
 from app.chat import TerminalChat, run_chat
-from app.errors import MediaError
+from app.errors import AppError, MediaError
 from app.model_choice import EXAMPLES
 from app.settings import MediaLimits
 
@@ -26,6 +26,10 @@ def test_answers_stream_and_images_attach_to_the_next_message(tiny_engine):
     assert chat.command("/exit") is None
     with pytest.raises(MediaError, match="no image file"):
         chat.command("/image /no/such.png")
+    few = TerminalChat(tiny_engine, MediaLimits(max_images_per_request=1))
+    few.command(f"/image {EXAMPLES / 'one-shape.png'}")
+    with pytest.raises(AppError, match="at most 1 images"):
+        few.command(f"/image {EXAMPLES / 'one-shape.png'}")
 
 
 def test_run_chat_prints_errors_not_tracebacks(tiny_engine, tmp_path):
