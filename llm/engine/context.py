@@ -13,9 +13,11 @@ the plain ints and bools are host values.
 Two kinds of step:
 - prefill (`is_prefill=True`): any step in which some sequence brings more than
   one new token (first prefill, a chunk of a chunked prefill, a prefill after a
-  prefix-cache hit, or such chunks mixed with decodes). All rows go through
-  `paged_prefill_attention`; a decoding sequence is simply a sequence with one
-  query token. Uses `cu_seqlens_q`, `max_seqlen_q`, `seq_lens`, `block_tables`.
+  prefix-cache hit, or such chunks mixed with decodes). Uses `cu_seqlens_q`,
+  `max_seqlen_q`, `seq_lens`, `block_tables`. The scheduler puts one-token
+  sequences first; the first `num_decode_seqs` of them go through
+  `paged_decode_attention` (split-k over their KV) and the rest through
+  `paged_prefill_attention` (whose query tiles would be 1/16 full for a decode row).
 - decode (`is_prefill=False`): every sequence brings exactly one token.
   Uses `seq_lens`, `block_tables`, `num_splits` through `paged_decode_attention`.
 
@@ -47,6 +49,7 @@ class AttentionMetadata:
         max_seqlen_k: the largest `seq_lens` value (host int; kernels may use it to size their grid).
         context_lens: [batch] int32, tokens already in the cache before this step (seq_lens - new tokens).
         num_splits: split-k count for decode; None lets the kernel choose (fix it under CUDA graphs).
+        num_decode_seqs: in a prefill step, how many leading sequences bring exactly one token.
     """
 
     is_prefill: bool
@@ -58,6 +61,9 @@ class AttentionMetadata:
     max_seqlen_k: int = 0
     context_lens: torch.Tensor | None = None
     num_splits: int | None = None
+    num_decode_seqs: int = 0
+    # derived in __post_init__ for a mixed step: the prefill sequences' cu_seqlens_q, rebased to 0
+    prefill_cu_seqlens_q: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.slot_mapping.dim() != 1:
@@ -73,6 +79,12 @@ class AttentionMetadata:
                 raise ValueError("max_seqlen_q must be >= 1 for a prefill step")
         if self.num_splits is not None and self.num_splits < 1:
             raise ValueError(f"num_splits must be None or >= 1, got {self.num_splits}")
+        if not 0 <= self.num_decode_seqs <= self.batch_size or (self.num_decode_seqs and not self.is_prefill):
+            raise ValueError(f"num_decode_seqs={self.num_decode_seqs} must be in [0, batch] and only in a prefill step")
+        if self.num_decode_seqs == self.batch_size:
+            self.num_decode_seqs = 0  # all one-token rows: nothing to split (the step could have been a decode)
+        if self.num_decode_seqs:
+            self.prefill_cu_seqlens_q = self.cu_seqlens_q[self.num_decode_seqs :] - self.num_decode_seqs
 
     @property
     def batch_size(self) -> int:

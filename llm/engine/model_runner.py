@@ -51,6 +51,13 @@ def pick_dtype(hf_config, requested: str, device: torch.device, supports_bf16: b
     return dtype
 
 
+def _leading_one_token_seqs(seqs: list[Sequence]) -> int:
+    n = 0
+    while n < len(seqs) and seqs[n].num_new_tokens == 1:
+        n += 1
+    return n
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_config, max_model_len: int, eos_token_ids: list[int]) -> None:
         self.device = pick_device(config.device)
@@ -188,6 +195,7 @@ class ModelRunner:
             max_seqlen_k=max(seq_lens),
             context_lens=torch.tensor(context_lens, dtype=torch.int32).to(dev, non_blocking=True),
             num_splits=None if max_q > 1 else self.decode_splits(len(seqs)),
+            num_decode_seqs=_leading_one_token_seqs(seqs) if max_q > 1 else 0,
         )
         ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)

@@ -80,6 +80,8 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(seq)
             budget -= num_new
+        # one-token sequences (decodes) first: attention runs them on the split-k decode kernel
+        scheduled.sort(key=lambda s: s.num_new_tokens > 1)
         return scheduled
 
     def update(self, scheduled: list[Sequence]) -> None:

@@ -57,6 +57,8 @@ class Attention(nn.Module):
             return self._contiguous(q, k, v, ctx)
         k_cache, v_cache = self.kv_cache
         write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping)
+        if ctx.is_prefill and ctx.num_decode_seqs:
+            return self._mixed(q, k_cache, v_cache, ctx)
         if ctx.is_prefill:
             return paged_prefill_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,
@@ -66,6 +68,21 @@ class Attention(nn.Module):
             q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap,
         )  # fmt: skip
+
+    def _mixed(self, q, k_cache, v_cache, ctx) -> torch.Tensor:
+        """Decode rows (the first num_decode_seqs, one token each) on the split-k decode kernel, the
+        prefill rows on the prefill kernel."""
+        nd = ctx.num_decode_seqs
+        out = torch.empty_like(q)  # [tokens, heads, head_dim]
+        paged_decode_attention(
+            q[:nd], k_cache, v_cache, ctx.block_tables[:nd], ctx.seq_lens[:nd], self.scale,
+            sliding_window=self.sliding_window, softcap=self.softcap, out=out[:nd],
+        )  # fmt: skip
+        out[nd:] = paged_prefill_attention(
+            q[nd:], k_cache, v_cache, ctx.block_tables[nd:], ctx.prefill_cu_seqlens_q, ctx.seq_lens[nd:],
+            self.scale, ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
+        )  # fmt: skip
+        return out
 
     def _contiguous(self, q, k, v, ctx) -> torch.Tensor:
         if ctx is not None and ctx.cu_seqlens_q is not None:

@@ -1,0 +1,78 @@
+"""A prefill step that also carries decodes: the decode rows run on the decode kernel, the rest on the
+prefill kernel, and the result equals running every row through the prefill kernel."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels import settings
+from llm.engine.context import AttentionMetadata, use_context
+from llm.layers.attention import Attention
+
+
+def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    heads, kv_heads, dim, bs, blocks = 4, 2, 32, 4, 64
+    attn = Attention(heads, dim, dim**-0.5, kv_heads, sliding_window=window)
+    shape = (blocks, bs, kv_heads, dim)
+    attn.kv_cache = (torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+    order = torch.randperm(blocks, generator=g).tolist()
+    decode_lens = torch.randint(1, 20, (num_decodes,), generator=g).tolist()
+    # decodes bring 1 token after a cached context; prefills bring their prompt after a cached prefix
+    q_lens = [1] * num_decodes + prompt_lens
+    seq_lens = [n + 1 for n in decode_lens] + [p + 3 for p in prompt_lens]
+    tables, slots, cu = [], [], [0]
+    for q_len, n in zip(q_lens, seq_lens, strict=True):
+        table = [order.pop() for _ in range(-(-n // bs))]
+        tables.append(table)
+        slots += [table[p // bs] * bs + p % bs for p in range(n - q_len, n)]
+        cu.append(cu[-1] + q_len)
+    width = max(map(len, tables))
+    tokens = cu[-1]
+    q = torch.randn(tokens, heads, dim, generator=g)
+    k = torch.randn(tokens, kv_heads, dim, generator=g)
+    v = torch.randn(tokens, kv_heads, dim, generator=g)
+    meta = AttentionMetadata(
+        is_prefill=True,
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+        max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(seq_lens),
+        num_decode_seqs=num_decodes,
+    )
+    return attn, meta, q, k, v
+
+
+def _run(attn, meta, q, k, v):
+    cache = tuple(c.clone() for c in attn.kv_cache)
+    attn.kv_cache = cache
+    with use_context(meta):
+        return attn(q, k, v)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("num_decodes,prompt_lens,window", [(3, [5], None), (5, [2, 9], None), (4, [7], 5)],
+                         ids=["3dec-1pre", "5dec-2pre", "window"])  # fmt: skip
+def test_mixed_step_equals_all_rows_through_prefill(backend, num_decodes, prompt_lens, window):
+    attn, meta, q, k, v = _step(num_decodes, prompt_lens, window, seed=num_decodes)
+    assert meta.prefill_cu_seqlens_q.tolist()[0] == 0
+    previous = settings.get_backend()
+    settings.set_backend(backend)
+    try:
+        mixed = _run(attn, meta, q, k, v)
+        attn_all = dataclasses.replace(meta, num_decode_seqs=0, prefill_cu_seqlens_q=None)
+        whole = _run(attn, attn_all, q, k, v)
+    finally:
+        settings.set_backend(previous)
+    torch.testing.assert_close(mixed, whole, rtol=1e-4, atol=1e-5)
+
+
+def test_num_decode_seqs_is_validated():
+    attn, meta, *_ = _step(2, [4], None, seed=0)
+    with pytest.raises(ValueError, match="num_decode_seqs"):
+        dataclasses.replace(meta, num_decode_seqs=9)
+    with pytest.raises(ValueError, match="num_decode_seqs"):
+        dataclasses.replace(meta, is_prefill=False, num_decode_seqs=1)
