@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from app.api.completions import complete, open_stream, prepare
 from app.api.errors import error_response
 from app.api.protocol import ChatCompletionRequest
-from app.errors import AuthError
+from app.errors import AuthError, ModelNotFoundError
 from app.settings import ServerConfig
 
 DISCONNECT_POLL_S = 0.2
@@ -32,11 +32,18 @@ def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
 
     router = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "vlchat",
+            "max_model_len": getattr(engine, "max_model_len", None)}  # fmt: skip
+
     @router.get("/models")
     async def models() -> dict:
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "vlchat"}
-        card["max_model_len"] = getattr(engine, "max_model_len", None)
         return {"object": "list", "data": [card]}
+
+    @router.get("/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        if model_id != model_name:
+            raise ModelNotFoundError(f"model {model_id!r} is not served here; GET /v1/models lists {model_name!r}")
+        return card
 
     @router.post("/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:

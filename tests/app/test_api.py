@@ -23,6 +23,9 @@ def test_health_and_models(server):
     assert health["status"] == "ok" and health["model"] == "tiny-llava" and health["untrained"] is True
     models = httpx.get(f"{server.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny-llava"] and models["data"][0]["max_model_len"] == LONG_CONTEXT
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    assert client.models.retrieve("tiny-llava").id == "tiny-llava"
+    assert httpx.get(f"{server.url}/v1/models/gpt-4").json()["error"]["code"] == "model_not_found"
 
 
 def test_openai_package_stream_matches_non_stream(server):

@@ -39,8 +39,9 @@ def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
         (["serve", "--allowed-local-media-path", "/no/such/dir"], "not a directory"),
         (["serve", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
         (["chat", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
+        (["serve", "--model", "nobody/no-such-model"], "could not get 'nobody/no-such-model'"),
     ],
-    ids=["auth", "media-dir", "serve-model", "chat-model"],
+    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline"],
 )
 def test_bad_options_are_one_line_errors(capsys, argv, message):
     assert main(argv) == 2
