@@ -108,6 +108,13 @@ def test_palette_with_transparency_is_composited_on_white():
     assert out.getpixel((1, 1)) == (255, 255, 255)
 
 
+def test_extreme_aspect_ratios_are_refused():
+    strip = encode(Image.new("RGB", (1, 300)))
+    with pytest.raises(MediaError, match="aspect ratio"):
+        load_image(strip, LIMITS)
+    assert load_image(strip, MediaLimits(max_aspect_ratio=300)).size == (1, 300)
+
+
 def test_pil_and_bytes_inputs():
     assert load_image(RED, LIMITS).size == (6, 4)
     assert load_image(encode(RED, "WEBP"), LIMITS).size == (6, 4)
