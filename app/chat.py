@@ -74,9 +74,15 @@ def _line_reader(stdin: TextIO) -> asyncio.Queue:
     """Lines of `stdin` from a daemon thread (a blocked read must not keep the process alive); "" at the end."""
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
+    if hasattr(stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD instead of killing the reader
+        stdin.reconfigure(errors="replace")
+
     def read() -> None:
         while True:
-            line = stdin.readline()
+            try:
+                line = stdin.readline()
+            except (OSError, ValueError):  # closed or unreadable input ends the chat like end of input
+                line = ""
             loop.call_soon_threadsafe(queue.put_nowait, line)
             if not line:
                 return

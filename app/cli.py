@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return serve(server_config(args))
         from app.chat import chat_main
+        from app.generation import sampling_params
 
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
         sampling["seed"] = args.seed
+        sampling_params(**sampling)  # a bad --temperature etc. fails now, not at every message
         return chat_main(args.model, engine_options(args), sampling, args.system)
     except Exception as exc:
         if not is_user_error(exc):
