@@ -17,6 +17,7 @@ from app.model_choice import ModelChoice
 from app.settings import ServerConfig, quiet_gradio_defaults
 
 log = logging.getLogger("vlchat.server")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class BodySizeLimit:
@@ -101,6 +102,9 @@ def warn_if_unprotected(config: ServerConfig) -> None:
             f"anyone with the link can use your model and GPU. Add --auth USER:PASS and --api-key KEY.\n{bar}",
             file=sys.stderr,
         )
+    elif config.unprotected and config.host not in LOOPBACK:
+        print(f"warning: serving on {config.host} without --auth or --api-key: anyone who can reach it may use it",
+              file=sys.stderr)  # fmt: skip
 
 
 def start_share_link(config: ServerConfig) -> None:

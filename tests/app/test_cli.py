@@ -58,6 +58,8 @@ def test_share_without_protection_warns_loudly(capsys):
     for protected in (ServerConfig(share=True, auth=("a", "b")), ServerConfig(share=True, api_key="k"), ServerConfig()):
         warn_if_unprotected(protected)
         assert capsys.readouterr().err == ""
+    warn_if_unprotected(ServerConfig(host="0.0.0.0"))
+    assert "without --auth or --api-key" in capsys.readouterr().err
 
 
 def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine):
