@@ -77,7 +77,7 @@ class EngineConfig:
     """Everything the engine needs to start.
 
     Args:
-        model: a local Hugging Face model directory.
+        model: a local Hugging Face model directory, or a GGUF file (llm/gguf.py).
         tokenizer: tokenizer directory (default: the model directory).
         dtype: "auto" takes the config's dtype on CUDA (bf16 falls back to fp16 where the
             GPU lacks bf16) and float32 on CPU.
@@ -104,7 +104,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.model = os.fspath(self.model)
-        _check(os.path.isdir(self.model), f"model directory {self.model!r} does not exist; pass a local HF model dir")
+        _check(os.path.isdir(self.model) or _is_gguf_file(self.model),
+               f"model directory {self.model!r} does not exist; pass a local HF model dir or a .gguf file")  # fmt: skip
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.kernel_backend is None or self.kernel_backend in KERNEL_BACKENDS,
@@ -131,3 +132,7 @@ class EngineConfig:
                 raise InvalidRequestError(f"unknown engine option {key!r}; see llm/config.py for the options")
             parts[owner][key] = value
         return cls(model=model, **top, **{name: sub[name](**kw) for name, kw in parts.items()})
+
+
+def _is_gguf_file(path: str) -> bool:
+    return path.lower().endswith(".gguf") and os.path.isfile(path)

@@ -16,6 +16,7 @@ with `<end_of_turn>` added to Gemma's stop tokens as the Hugging Face checkpoint
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from importlib.resources import files
@@ -56,8 +57,18 @@ def is_gguf(path: str | os.PathLike) -> bool:
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
-    """Parse a GGUF file's metadata (fast: no tensor is read) and build its config."""
-    return GGUFCheckpoint(str(path))
+    """Parse a GGUF file's metadata (no tensor is read) and build its config; cached per file version."""
+    path = os.path.abspath(path)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        raise ModelLoadError(f"GGUF file {path} does not exist; pass the path of a .gguf file") from None
+    return _load_cached(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str, mtime_ns: int, size: int) -> GGUFCheckpoint:
+    return GGUFCheckpoint(path)
 
 
 class GGUFCheckpoint:
@@ -73,9 +84,15 @@ class GGUFCheckpoint:
         self.config: PretrainedConfig = AutoConfig.for_model(**self._config_dict)
         self.config.architectures = [SUPPORTED_ARCHITECTURES[self.gguf_architecture][1]]
         self._check_tensor_types()
+        self._tokenizer = None
 
     def tokenizer(self):
-        """The tokenizer transformers builds from this file, with a chat template and the model's stop tokens."""
+        """The tokenizer transformers builds from this file, with a chat template (built once, then shared)."""
+        if self._tokenizer is None:
+            self._tokenizer = self._build_tokenizer()
+        return self._tokenizer
+
+    def _build_tokenizer(self):
         from transformers import AutoTokenizer
         from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
 

@@ -13,6 +13,10 @@ def load_tokenizer(model_dir: str | Path):
     """The Hugging Face tokenizer saved in `model_dir` (fast if available); no hub access, no remote code."""
     from transformers import AutoTokenizer
 
+    from llm.gguf import is_gguf, load_gguf
+
+    if is_gguf(model_dir):  # the vocabulary and chat template live in the file's metadata
+        return load_gguf(model_dir).tokenizer()
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError, KeyError) as e:

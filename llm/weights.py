@@ -114,6 +114,14 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
             yield from state.items()
 
 
+def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    from llm.gguf import is_gguf, load_gguf
+
+    if is_gguf(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
+        return load_gguf(model_dir).weights(torch.float32)
+    return iter_checkpoint(checkpoint_files(model_dir), progress)
+
+
 def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule] | None = None, progress=True):
     """Fill every parameter of `model` from the checkpoint in `model_dir` (see the module docstring)."""
     rules = list(getattr(model, "weight_mapping", [])) if rules is None else rules
@@ -122,7 +130,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule
     loaded: set[tuple[str, object]] = set()
     unexpected, mismatched = [], []
     with torch.no_grad():
-        for name, tensor in iter_checkpoint(checkpoint_files(model_dir), progress):
+        for name, tensor in _checkpoint_tensors(model_dir, progress):
             mapped = map_name(name, rules)
             if mapped is None:
                 continue
@@ -151,6 +159,10 @@ def load_hf_config(model_dir: str | Path):
     """The transformers config of a local model directory (a plain `PretrainedConfig` for unknown model types)."""
     from transformers import AutoConfig, PretrainedConfig
 
+    from llm.gguf import is_gguf, load_gguf
+
+    if is_gguf(model_dir):
+        return load_gguf(model_dir).config
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():

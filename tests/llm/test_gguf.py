@@ -208,3 +208,84 @@ def test_transformers_answers_water_boils(gemma_tokenizer, gemma_hf):
     with torch.no_grad():
         out = gemma_hf.generate(ids, max_new_tokens=7, do_sample=False)
     assert gemma_tokenizer.decode(out[0, ids.shape[1] :]) == " 100 degrees Celsius."
+
+
+# ---------------------------------------------------------------- vlchat serving the GGUF files
+
+PROMPTS = [
+    WATER,
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+]
+
+
+@torch.no_grad()
+def _hf_greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
+    """transformers' greedy continuations of a left-padded batch (its own KV cache), never stopping at EOS."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=[], pad_token_id=pad_id,
+    )  # fmt: skip
+    return out[:, width:].tolist()
+
+
+@pytest.fixture(scope="module")
+def gemma_llm(gemma_path):
+    from llm import LLM
+
+    return LLM(str(gemma_path), dtype="float32", device="cpu", max_model_len=256)
+
+
+def test_vlchat_greedy_equals_transformers_on_the_real_gguf(gemma_llm, gemma_hf):
+    from llm import SamplingParams
+
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outputs = gemma_llm.generate(PROMPTS, params)  # one batch: the 5 sequences decode together
+    expected = _hf_greedy_batch(gemma_hf, [out.prompt_token_ids for out in outputs], 24, pad_id=0)
+    for prompt, out, want in zip(PROMPTS, outputs, expected, strict=True):
+        assert len(out.prompt_token_ids) >= 5 and len(want) == 24
+        assert out.token_ids == want, prompt
+    assert outputs[0].text.startswith(" 100 degrees Celsius.")
+
+
+def test_chat_template_answers_a_simple_question(gemma_llm):
+    """The packaged 270M model is the pretrained (not instruction-tuned) one: one example turn shows the format."""
+    from llm import SamplingParams
+
+    conversation = [
+        {"role": "user", "content": "What is the capital of Germany?"},
+        {"role": "assistant", "content": "The capital of Germany is Berlin."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    out = gemma_llm.generate([conversation], SamplingParams(max_tokens=8, temperature=0.0))[0]
+    assert out.prompt_token_ids[:4] == [2, 105, 2364, 107]  # <bos><start_of_turn>user\n
+    assert out.text.startswith("The capital of France is Paris.")
+
+
+def test_tiny_llama_gguf_through_the_engine_equals_transformers(tiny_llama):
+    """The Llama path (q/k permutation, quantized tensors) end to end: engine tokens = transformers on the file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llm import LLM, SamplingParams
+    from tests.llm.tiny import hf_greedy
+
+    path = tiny_llama[0]
+    config_dict, tensors = _transformers_gguf(path, load_gguf(path).config)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config_dict), dtype=torch.float32).eval()
+    hf.load_state_dict(tensors, strict=False)
+    prompt = [1, 260, 265, 40, 77, 120, 261, 9]
+    llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=64, num_blocks=16)
+    got = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0].token_ids
+    assert got == hf_greedy(hf, prompt, 12)
+
+
+def test_app_accepts_a_gguf_file_as_model(tiny_llama):
+    from app.model_choice import resolve_model
+
+    choice = resolve_model(str(tiny_llama[0]))
+    assert (choice.path, choice.name, choice.demo) == (str(tiny_llama[0]), "tiny-llama", False)
