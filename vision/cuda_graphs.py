@@ -56,10 +56,11 @@ class GraphCache:
             while len(self.entries) > self.max_graphs:
                 self.entries.popitem(last=False)
         self.entries.move_to_end(key)
-        for static, x in zip(entry.inputs, inputs, strict=True):
-            static.copy_(x)
-        entry.graph.replay()
-        return entry.output.clone()
+        with torch.inference_mode():  # the static buffers were made under inference mode
+            for static, x in zip(entry.inputs, inputs, strict=True):
+                static.copy_(x)
+            entry.graph.replay()
+            return entry.output.clone()
 
     @torch.inference_mode()
     def _capture(self, fn, inputs) -> _Entry:

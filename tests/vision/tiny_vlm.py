@@ -47,7 +47,7 @@ def _scale_weights(model, seed: int, never_emit: list[int]) -> None:
 
 # The GPU benchmark's end-to-end models: real tower shapes, a small decoder.
 MID_TEXT = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
-                num_key_value_heads=8)  # fmt: skip
+                num_key_value_heads=8, max_position_embeddings=4096)  # fmt: skip
 MID_CLIP = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                 image_size=336, patch_size=14)  # fmt: skip
 
@@ -123,7 +123,10 @@ def hf_inputs_for(family: str, prompt, device="cpu") -> dict:
         inputs["pixel_values"] = torch.cat([d["pixel_values"] for d in images])
     elif images and family == "llava-next":
         tiles = max(d["pixel_values"].shape[0] for d in images)
-        pad = [torch.nn.functional.pad(d["pixel_values"], (0,) * 6 + (0, tiles - d["pixel_values"].shape[0])) for d in images]
+        pad = [
+            torch.nn.functional.pad(d["pixel_values"], (0,) * 6 + (0, tiles - d["pixel_values"].shape[0]))
+            for d in images
+        ]
         inputs["pixel_values"] = torch.stack(pad)
         inputs["image_sizes"] = torch.cat([d["image_sizes"] for d in images])
     elif images and family.startswith("qwen"):
@@ -140,7 +143,8 @@ def our_prompt_logits(model, prompt, device="cpu") -> torch.Tensor:
     from tests.llm.paged import PagedCache
 
     with torch.device(device):
-        cache = PagedCache(model, num_blocks=256, dtype=model.language_model.model.embed_tokens.weight.dtype)
+        blocks = len(prompt.token_ids) // 4 + 2  # PagedCache's blocks hold 4 tokens
+        cache = PagedCache(model, num_blocks=blocks, dtype=model.language_model.model.embed_tokens.weight.dtype)
         meta, positions = cache.metadata([(0, prompt.token_ids)])
     if prompt.mrope_positions is not None:
         positions = prompt.mrope_positions.to(device)
