@@ -115,3 +115,16 @@ def test_share_link_failure_is_one_line_and_serving_goes_on(monkeypatch, capsys)
             thread.join(timeout=5)
     err = capsys.readouterr().err
     assert err == "Could not create a share link (RuntimeError); serving locally only.\n"
+
+
+def test_model_choices(tmp_path):
+    from app.model_choice import resolve_model
+
+    demo = resolve_model(None)
+    assert demo.demo and demo.name == "vlchat-demo" and demo.example_images()
+    (tmp_path / "gemma-q4.gguf").write_bytes(b"GGUF")
+    assert resolve_model(str(tmp_path / "gemma-q4.gguf")).name == "gemma-q4"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "vlchat.json").write_text('{"trained": false}')
+    assert resolve_model(str(tmp_path / "m"), served_name="x").untrained
