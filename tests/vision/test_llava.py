@@ -103,3 +103,10 @@ def test_every_checkpoint_layout_loads(family, model_dir, tmp_path):
     _relayout(model_dir, tmp_path / "bad", lambda k: k.replace("multi_modal_projector.", "mm_proj."))
     with pytest.raises(WeightMismatchError, match="mm_proj.linear_1.weight"):
         load_model(tmp_path / "bad", dtype=torch.float32, progress=False)
+
+
+def test_siglip_tower_with_full_feature_strategy(tmp_path):
+    """LLaVA over a SigLIP tower (no CLS, vision_feature_select_strategy="full")."""
+    siglip = Llava()
+    family = siglip.setup_family(make_tiny_llava(tmp_path, tower="siglip"))
+    checks.check_logits(siglip, family, "one_image")
