@@ -9,9 +9,10 @@ Everything follows transformers' own GGUF loader (`modeling_gguf_pytorch_utils.l
 so that both load the same numbers: its metadata -> config tables, its per-architecture tensor
 processors (Llama's q/k row permutation, Gemma's `norm - 1`), its GGUF -> HF tensor-name map, and
 gguf-py's numpy dequantizers, with the cast to the serving dtype after dequantization.
-Two deliberate additions: the special-token ids come from the file's tokenizer metadata, and a file
-without a chat template gets the family's stock template (Gemma 3 files from llama.cpp have none),
-with `<end_of_turn>` added to Gemma's stop tokens as the Hugging Face checkpoints do.
+Deliberate additions: the special-token ids come from the file's tokenizer metadata; a file without
+a chat template gets the family's stock template (Gemma 3 files from llama.cpp have none), with
+`<end_of_turn>` added to Gemma's stop tokens as the Hugging Face checkpoints do; and Qwen3's KV-head
+count, norm epsilon and head size are read (transformers' table omits them).
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ SUPPORTED_ARCHITECTURES = {
 }
 _STOCK_CHAT_TEMPLATES = {"gemma3": "gemma3.jinja"}
 _EXTRA_STOP_TOKENS = {"gemma3": ["<end_of_turn>"]}
+# keys transformers' table lacks for an architecture (its Qwen3 GGUF config would keep the class defaults)
+_MISSING_CONFIG_KEYS = {
+    "qwen3": {
+        "attention.head_count_kv": "num_key_value_heads",
+        "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+        "attention.key_length": "head_dim",
+    },
+}
 _SPECIAL_TOKEN_IDS = {
     "bos_token_id": "bos_token_id",
     "eos_token_id": "eos_token_id",
@@ -158,7 +167,7 @@ def _config_dict(file: GGUFFile, architecture: str) -> dict:
     metadata = file.metadata
     config = {"tie_word_embeddings": "output.weight" not in file.tensors}
     config.update(GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}))
-    renames = GGUF_CONFIG_MAPPING[architecture]
+    renames = {**GGUF_CONFIG_MAPPING[architecture], **_MISSING_CONFIG_KEYS.get(architecture, {})}
     for key, value in metadata.items():
         prefix, _, rest = key.partition(".")
         if prefix == file.architecture and renames.get(rest):
