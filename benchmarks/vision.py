@@ -162,7 +162,7 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
     from transformers import AutoProcessor
 
     from llm import LLM, SamplingParams
-    from tests.vision import tiny_vlm
+    from tests.vision import references, tiny_vlm
 
     tmp = Path(tempfile.mkdtemp(prefix=f"vlchat-{family}-"))
     builder = {"llava": tiny_vlm.make_tiny_llava, "qwen2-vl": tiny_vlm.make_tiny_qwen_vl}[family]
@@ -174,20 +174,20 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
     hf = getattr(transformers, hf_cls).from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
     llm = LLM(str(model_dir), dtype="bfloat16", device=device, num_blocks=256, block_size=16)
     model = llm.engine.runner.model
-    convs = tiny_vlm.conversations(lambda seed: tiny_vlm.image(seed, (448, 336)))
+    convs = references.conversations(lambda seed: references.image(seed, (448, 336)))
     out = {}
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     names = ["one_image", "two_images", "second_turn", "text_only"]
     got = llm.generate([convs[n] for n in names], params)  # one mixed batch
     for name, result in zip(names, got, strict=True):
         prompt = type(model).process_prompt(processor, convs[name], {})
-        inputs = tiny_vlm.hf_inputs_for(family, prompt, device)
+        inputs = references.hf_inputs_for(family, prompt, device)
         try:
-            tokens, logits = tiny_vlm.hf_generate(hf, inputs, 8)
+            tokens, logits = references.hf_generate(hf, inputs, 8)
         except TypeError:  # transformers versions that compute M-RoPE without mm_token_type_ids
             inputs.pop("mm_token_type_ids", None)
-            tokens, logits = tiny_vlm.hf_generate(hf, inputs, 8)
-        ours = tiny_vlm.our_prompt_logits(model, prompt, device=device)
+            tokens, logits = references.hf_generate(hf, inputs, 8)
+        ours = references.our_prompt_logits(model, prompt, device=device)
         agree = next((i for i, (a, b) in enumerate(zip(tokens, result.token_ids, strict=True)) if a != b), 8)
         out[name] = {"logits_rel_err_vs_hf_bf16": rel_err(ours, logits), "greedy_tokens_agreeing": agree}
     return out

@@ -68,8 +68,8 @@ def split_messages(messages: list[Mapping], max_images: int) -> tuple[list[dict]
     out, images = [], []
     for message in messages:
         content = message.get("content")
-        if isinstance(content, str) or content is None:
-            out.append({"role": message["role"], "content": [{"type": "text", "text": content or ""}]})
+        if isinstance(content, str) or content is None:  # plain text stays a string for the template
+            out.append({"role": message["role"], "content": content or ""})
             continue
         if not isinstance(content, list):
             raise InvalidRequestError("a message's content must be a string or a list of content parts")

@@ -5,7 +5,8 @@ from transformers import InternVLForConditionalGeneration
 
 from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import hf_inputs_for, make_tiny_internvl
+from tests.vision.references import hf_inputs_for
+from tests.vision.tiny_vlm import make_tiny_internvl
 
 
 class InternVL(checks.FamilyChecks):

@@ -12,7 +12,8 @@ from llm import LLM
 from llm.errors import WeightMismatchError
 from llm.weights import load_model
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import hf_inputs_for, image, make_tiny_llava, our_prompt_logits, rel_err
+from tests.vision.references import hf_inputs_for, image, our_prompt_logits, rel_err
+from tests.vision.tiny_vlm import make_tiny_llava
 
 
 class Llava(checks.FamilyChecks):

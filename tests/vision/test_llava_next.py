@@ -5,7 +5,8 @@ from transformers import LlavaNextForConditionalGeneration
 
 from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import hf_inputs_for, make_tiny_llava_next
+from tests.vision.references import hf_inputs_for
+from tests.vision.tiny_vlm import make_tiny_llava_next
 
 
 class LlavaNext(checks.FamilyChecks):
@@ -41,7 +42,7 @@ def test_batch_of_text_and_image_requests_matches_transformers(family, model_dir
 
 @pytest.mark.parametrize("size", [(45, 30), (30, 50)], ids=["wide-unpad-rows", "tall-unpad-columns"])
 def test_unpadded_odd_aspect_images_match_transformers(family, size):
-    from tests.vision.tiny_vlm import image, our_prompt_logits, rel_err
+    from tests.vision.references import image, our_prompt_logits, rel_err
 
     processor, ours, _ = family
     conv = [{"role": "user", "content": [{"type": "image", "image": image(5, size)}, {"type": "text", "text": "Hi"}]}]

@@ -49,7 +49,7 @@ def test_messages_split_into_template_parts_and_images():
                                                                          + base64.b64encode(_png()).decode()}}]},
     ]  # fmt: skip
     out, images = split_messages(messages, max_images=2)
-    assert out[0]["content"] == [{"type": "text", "text": "Be brief."}]
+    assert out[0]["content"] == "Be brief."
     assert [p["type"] for p in out[1]["content"]] == ["text", "image", "image"]
     assert len(images) == 2
     with pytest.raises(InvalidRequestError, match="at most 1 images"):

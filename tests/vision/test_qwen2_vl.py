@@ -5,7 +5,8 @@ from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForCondition
 
 from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.tiny_vlm import conversations, hf_inputs_for, image, make_tiny_qwen_vl
+from tests.vision.references import conversations, hf_inputs_for, image
+from tests.vision.tiny_vlm import make_tiny_qwen_vl
 
 
 class QwenVL(checks.FamilyChecks):

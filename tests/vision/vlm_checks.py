@@ -9,7 +9,7 @@ from llm import LLM, SamplingParams
 from llm.engine.sequence import Sequence
 from llm.errors import InvalidRequestError
 from llm.weights import load_model
-from tests.vision.tiny_vlm import conversations, hf_generate, image, our_prompt_logits, rel_err  # noqa: F401
+from tests.vision.references import conversations, hf_generate, image, our_prompt_logits, rel_err  # noqa: F401
 
 RTOL = 1e-4
 NEW_TOKENS = 8
