@@ -1,6 +1,9 @@
 """Qwen2-VL and Qwen2.5-VL end to end against transformers (M-RoPE, window attention), fp32 on CPU."""
 
+from pathlib import Path
+
 import pytest
+import torch
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
 from llm import LLM
@@ -58,3 +61,27 @@ def test_max_pixels_per_request_bounds_image_tokens(setup):
     assert small.images[0].length < full.images[0].length
     assert small.images[0].length * 4 * 4 * 4 <= 16 * 16
     assert small.images[0].hash != full.images[0].hash
+
+
+def test_transformers5_layout_loads(setup, tmp_path):
+    """model.language_model.* / model.visual.* (transformers >= 5) load like model.* / visual.*."""
+    from safetensors.torch import load_file, save_file
+
+    from llm.weights import load_model
+    from tests.vision.references import our_prompt_logits, rel_err
+
+    checks_, family, llm = setup
+    processor, ours, _ = family
+    src, dst = Path(llm.config.model), tmp_path / "new"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+
+    def rename(k):
+        return "model." + k if k.startswith("visual.") else k.replace("model.", "model.language_model.", 1)
+
+    save_file({rename(k): v for k, v in load_file(src / "model.safetensors").items()}, dst / "model.safetensors")
+    prompt = type(ours).process_prompt(processor, conversations(image)["one_image"], {})
+    relaid = load_model(dst, dtype=torch.float32, progress=False)
+    assert rel_err(our_prompt_logits(relaid, prompt), our_prompt_logits(ours, prompt)) < 1e-6
