@@ -20,6 +20,7 @@ _MODELS: dict[str, str] = {
     "Gemma3ForCausalLM": "llm.models.gemma3:Gemma3ForCausalLM",
     # vision-language models (vision/)
     "LlavaForConditionalGeneration": "vision.models.llava:LlavaForConditionalGeneration",
+    "Gemma3ForConditionalGeneration": "vision.models.gemma3_vl:Gemma3ForConditionalGeneration",
     "LlavaNextForConditionalGeneration": "vision.models.llava_next:LlavaNextForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
