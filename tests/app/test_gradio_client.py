@@ -67,3 +67,27 @@ def test_uploads_are_deleted_when_the_server_stops(tiny_engine, tiny_choice):
     finally:
         server.stop()
     assert not os.path.exists(uploaded)
+
+
+def test_browser_sessions_are_batched_together(server, tiny_engine):
+    import threading
+    import time
+
+    peak, done = [0], threading.Event()
+
+    def watch():  # how many requests the engine holds at once
+        while not done.is_set():
+            peak[0] = max(peak[0], len(tiny_engine.engine.requests))
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    client = Client(server.url, verbose=False)
+    try:
+        messages = [{"text": f"What is this? {i}", "files": []} for i in range(3)]
+        jobs = [client.submit(m, "", 0.0, 1.0, 100, api_name="/chat") for m in messages]
+        assert all(job.result(timeout=60) for job in jobs)
+        assert peak[0] >= 2  # a second chat does not wait for the first one's answer (Gradio's default would)
+    finally:
+        done.set()
+        client.close()
