@@ -85,3 +85,26 @@ def test_transformers5_layout_loads(setup, tmp_path):
     prompt = type(ours).process_prompt(processor, conversations(image)["one_image"], {})
     relaid = load_model(dst, dtype=torch.float32, progress=False)
     assert rel_err(our_prompt_logits(relaid, prompt), our_prompt_logits(ours, prompt)) < 1e-6
+
+
+def test_tie_follows_transformers_when_the_checkpoint_has_its_own_head(setup, tmp_path):
+    """tie_word_embeddings=true with a separate, different lm_head in the file: transformers unties; so do we."""
+    import json
+    import shutil
+
+    from llm.weights import load_model
+    from tests.vision.references import hf_inputs_for, our_prompt_logits, rel_err
+
+    checks_, family, llm = setup
+    processor, ours, _ = family
+    dst = tmp_path / "tied"
+    shutil.copytree(llm.config.model, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    relaid = load_model(dst, dtype=torch.float32, progress=False)
+    assert not relaid.language_model.spec.tie_word_embeddings
+    prompt = type(ours).process_prompt(processor, conversations(image)["one_image"], {})
+    hf = checks_.hf_class.from_pretrained(dst, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(**hf_inputs_for("qwen", prompt)).logits[0]
+    assert rel_err(our_prompt_logits(relaid, prompt), expected) < checks.RTOL

@@ -3,13 +3,14 @@
 A family subclasses `VisionLanguageModel` and provides its vision modules,
 `embed_multimodal` (one [image_tokens, hidden] tensor per image), `split_images`
 (the processor's batch outputs -> one data dict and placeholder count per image) and
-the checkpoint layouts it accepts (`layout_rules`).
+the checkpoint layouts it accepts (rules passed to `build_weight_mapping`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,7 +18,7 @@ from torch import nn
 from llm.errors import UnsupportedModelError
 from llm.inputs import MultiModalPrompt
 from llm.models.registry import get_model_class
-from llm.weights import WeightRule
+from llm.weights import WeightRule, checkpoint_files
 from vision.cuda_graphs import GraphCache, can_graph
 from vision.processing import image_token_id, place_images, run_processor
 
@@ -34,10 +35,44 @@ _DECODERS = {
 }
 
 
+_HEADS = ("lm_head.weight", "language_model.lm_head.weight")
+_EMBEDS = ("model.language_model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+           "model.embed_tokens.weight")  # fmt: skip
+
+
+def _checkpoint_tensor(files: list[Path], names: tuple[str, ...]) -> torch.Tensor | None:
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in names:
+                if name in f.keys():
+                    return f.get_tensor(name)
+    return None
+
+
+def tie_word_embeddings(hf_config) -> bool:
+    """Tie the LM head to the embedding as transformers does: when the config asks for it, unless the
+    checkpoint (the config's directory) holds a head that differs from the embedding."""
+    tie = bool(getattr(hf_config, "tie_word_embeddings", False))
+    model_dir = Path(getattr(hf_config, "_name_or_path", "") or "")
+    if not tie or not model_dir.is_dir():
+        return tie
+    try:
+        files = [f for f in checkpoint_files(model_dir) if f.suffix == ".safetensors"]
+    except Exception:  # no weights next to the config: nothing to compare
+        return tie
+    head = _checkpoint_tensor(files, _HEADS)
+    if head is None:
+        return True
+    embed = _checkpoint_tensor(files, _EMBEDS)
+    return embed is not None and torch.equal(head, embed)
+
+
 def build_decoder(hf_config, dtype: torch.dtype) -> nn.Module:
-    """The engine's causal LM for the VLM's text config (tied embeddings as the VLM's config says)."""
+    """The engine's causal LM for the VLM's text config (tied embeddings as transformers decides)."""
     text = copy.deepcopy(hf_config.get_text_config())
-    text.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+    text.tie_word_embeddings = tie_word_embeddings(hf_config)
     arch = _DECODERS.get(getattr(text, "model_type", ""))
     if arch is not None:
         text.architectures = [arch]
