@@ -59,6 +59,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(sched, self.block_manager)
         self.requests: dict[str, Request] = {}
+        self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
+        self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet
         logger.info(
             "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d",
             config.served_model_name, self.runner.dtype, self.runner.device, self.runner.num_blocks,
@@ -131,31 +133,54 @@ class LLMEngine:
         return request.output()
 
     def has_unfinished(self) -> bool:
+        # A launched step whose requests all ended (aborted, stopped) needs no further call: its
+        # tokens would be dropped, and its freed blocks are only reused by steps queued after it.
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one forward pass; return an output for every request that got new tokens or finished."""
+        """Advance one forward pass; return an output for every request that got new text or finished.
+
+        Pipelined: the step launched by the previous call is collected (its tokens appended, the
+        cheap stop checks run), the next step is scheduled and launched on the device, and while it
+        computes, the collected tokens are detokenized (stop strings) and reported. So the outputs
+        returned by a call are those of the step launched by the call before it.
+        """
+        if self._inflight is not None:
+            samplers, pending = self._inflight
+            self._inflight = None
+            self._collect(samplers, pending.result())
         seqs = self.scheduler.schedule()
-        if not seqs:
-            return []
-        samplers = [s for s in seqs if s.samples_this_step]
-        result = self.runner.run(seqs)
-        self.scheduler.update(seqs)
+        if seqs:
+            samplers = [s for s in seqs if s.samples_this_step]
+            self._inflight = (samplers, self.runner.launch(seqs))
+            self.scheduler.update(seqs)
+        return self._report()
+
+    def _collect(self, samplers: list[Sequence], result) -> None:
         eos = set(self.eos_token_ids)
-        touched: dict[str, Request] = {}
         for seq, token_id, logprobs in zip(samplers, result.token_ids, result.logprobs, strict=True):
+            request = self.requests.get(seq.request_id)
+            if seq.is_finished or request is None:
+                continue  # ended while its step ran (a stop string, an abort): the token is dropped
             seq.append_token(token_id, logprobs)
-            request = self.requests[seq.request_id]
-            request.completions[seq.index].add_token(token_id, eos, self.max_model_len)
+            request.completions[seq.index].append(token_id, eos, self.max_model_len)
             if request.pending:  # the prompt's full blocks are cached now: the siblings reuse them
                 for sibling in request.pending:
                     self.scheduler.add(sibling)
                 request.pending = []
             if seq.is_finished:
                 self.scheduler.finish(seq)
-            touched[seq.request_id] = request
+            self._touched[seq.request_id] = request
+
+    def _report(self) -> list[RequestOutput]:
+        touched, self._touched = self._touched, {}
         outputs = []
         for request_id, request in touched.items():
+            if self.requests.get(request_id) is not request:
+                continue  # aborted meanwhile; abort() reported it
+            for completion in request.completions:
+                if completion.detokenize():
+                    self.scheduler.finish(completion.seq)
             finished = request.finished
             if finished or request.stream:
                 outputs.append(request.output(finished=finished))

@@ -20,7 +20,7 @@ from kernels.device import get_device_info
 from llm.config import EngineConfig
 from llm.engine.context import AttentionMetadata, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
-from llm.engine.sampler import Sampler, SamplerOutput
+from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
 from llm.errors import InvalidRequestError, ModelLoadError
 from llm.layers.attention import Attention
@@ -226,9 +226,13 @@ class ModelRunner:
             self._mm_cache.popitem(last=False)
         return embeds
 
-    @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> SamplerOutput:
         """Run one step over `seqs` (their num_new_tokens set) and sample for the rows that end a sequence."""
+        return self.launch(seqs).result()
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence]) -> PendingSample:
+        """`run` without waiting: the forward pass and sampling are queued on the device."""
         input_ids, positions, meta, sample_rows = self._prepare(seqs)
         if self.rope_tracks_length:  # dynamic NTK / longrope rescale with the longest sequence
             update_rope_for_length(self.model, meta.max_seqlen_k)
@@ -241,10 +245,10 @@ class ModelRunner:
                     self.model(input_ids, positions))  # fmt: skip
         samplers = [s for s in seqs if s.samples_this_step]
         if not samplers:
-            return SamplerOutput([], [])
-        rows = torch.tensor(sample_rows, device=hidden.device)
+            return PendingSample(None, None, [])
+        rows = torch.tensor(sample_rows).to(hidden.device, non_blocking=True)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [samplers, vocab] fp32
-        return self.sampler(logits, samplers)
+        return self.sampler.sample(logits, samplers)
 
     def close(self) -> None:
         reset_context()

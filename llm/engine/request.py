@@ -29,8 +29,12 @@ class Completion:
         )  # fmt: skip
         self.sent_text = 0
         self.sent_tokens = 0
+        self.queued: list[tuple[int, bool]] = []  # (token id, may stop) appended but not detokenized yet
+        self.flushed = False
 
-    def add_token(self, token_id: int, eos_token_ids: set[int], max_model_len: int) -> None:
+    def append(self, token_id: int, eos_token_ids: set[int], max_model_len: int) -> None:
+        """The cheap stop checks, right after sampling: stop ids, EOS, max_tokens, context length.
+        The token's text and stop strings wait for `detokenize` (run while the next step computes)."""
         seq, params = self.seq, self.seq.params
         may_stop = seq.num_output_tokens >= params.min_tokens
         if may_stop and token_id in params.stop_token_ids:
@@ -38,13 +42,29 @@ class Completion:
         elif may_stop and token_id in eos_token_ids and not params.ignore_eos:
             seq.finish("stop", None)
         else:
+            self.queued.append((token_id, may_stop))
+            if (seq.max_tokens is not None and seq.num_output_tokens >= seq.max_tokens) or len(seq) >= max_model_len:
+                seq.finish("length")
+
+    def detokenize(self) -> bool:
+        """Turn the appended tokens into text and check stop strings; True if a stop string ended the
+        sequence here (it may already be scheduled for one more token, which the engine drops)."""
+        seq = self.seq
+        was_running = not seq.is_finished
+        for token_id, may_stop in self.queued:
             self.detokenizer.add_token(token_id, check_stop=may_stop)
             if self.detokenizer.stopped:
-                seq.finish("stop", self.detokenizer.stop_string)
-            elif (seq.max_tokens is not None and seq.num_output_tokens >= seq.max_tokens) or len(seq) >= max_model_len:
-                seq.finish("length")
-        if seq.is_finished:
+                seq.finish("stop", self.detokenizer.stop_string)  # a stop string wins over "length"
+                break
+        self.queued.clear()
+        if seq.is_finished and not self.flushed:
             self.detokenizer.flush()  # release text held back for a stop string that never completed
+            self.flushed = True
+        return was_running and seq.is_finished
+
+    def add_token(self, token_id: int, eos_token_ids: set[int], max_model_len: int) -> None:
+        self.append(token_id, eos_token_ids, max_model_len)
+        self.detokenize()
 
     def output(self, delta: bool) -> CompletionOutput:
         seq = self.seq

@@ -35,8 +35,12 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        return self.sample(logits, seqs).result()
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """Queue the sampling of one token per row on the device; `.result()` waits for it."""
         # logits: [rows, vocab] fp32, one row per sequence of `seqs`
         logits = logits[:, : self.vocab_size].float()
         params = [s.params for s in seqs]
@@ -49,8 +53,7 @@ class Sampler:
         if not all(p.greedy for p in params):
             greedy = torch.tensor([p.greedy for p in params], device=logits.device)
             tokens = torch.where(greedy, tokens, self._draw(logits, seqs))
-        token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(raw_logprobs, tokens, token_list, params))
+        return PendingSample(tokens, raw_logprobs, params)
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         rows, vocab = logits.shape
@@ -119,21 +122,34 @@ class Sampler:
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
-    @staticmethod
-    def _logprobs(raw: torch.Tensor | None, tokens: torch.Tensor, token_list: list[int], params) -> list:
-        if raw is None:
-            return [None] * len(params)
-        top_n = max(p.logprobs or 0 for p in params)
-        chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-        top_vals, top_ids = raw.topk(top_n, dim=-1)  # [rows, top_n]
-        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-        out: list[dict[int, float] | None] = []
-        for i, p in enumerate(params):
-            if p.logprobs is None:
-                out.append(None)
-                continue
-            entry = {token_list[i]: chosen[i]}
-            for tid, val in zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs], strict=True):
-                entry.setdefault(tid, val)
-            out.append(entry)
-        return out
+
+class PendingSample:
+    """Sampled tokens still on the device: the engine does host work while the GPU finishes."""
+
+    def __init__(self, tokens: torch.Tensor | None, raw_logprobs: torch.Tensor | None, params: list) -> None:
+        self.tokens, self.raw_logprobs, self.params = tokens, raw_logprobs, params
+
+    def result(self) -> SamplerOutput:
+        if self.tokens is None:
+            return SamplerOutput([], [])
+        token_list = self.tokens.tolist()  # waits for the device
+        return SamplerOutput(token_list, _logprobs(self.raw_logprobs, self.tokens, token_list, self.params))
+
+
+def _logprobs(raw: torch.Tensor | None, tokens: torch.Tensor, token_list: list[int], params) -> list:
+    if raw is None:
+        return [None] * len(params)
+    top_n = max(p.logprobs or 0 for p in params)
+    chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    top_vals, top_ids = raw.topk(top_n, dim=-1)  # [rows, top_n]
+    top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    out: list[dict[int, float] | None] = []
+    for i, p in enumerate(params):
+        if p.logprobs is None:
+            out.append(None)
+            continue
+        entry = {token_list[i]: chosen[i]}
+        for tid, val in zip(top_ids[i][: p.logprobs], top_vals[i][: p.logprobs], strict=True):
+            entry.setdefault(tid, val)
+        out.append(entry)
+    return out

@@ -87,6 +87,8 @@ class Scheduler:
     def update(self, scheduled: list[Sequence]) -> None:
         """After the forward pass: the scheduled tokens' K/V is in the cache."""
         for seq in scheduled:
+            if seq.is_finished:
+                continue  # ended (aborted, stopped) while its step was in flight; its blocks are freed
             seq.num_computed_tokens += seq.num_new_tokens
             seq.num_new_tokens = 0
             self.block_manager.cache_full_blocks(seq)

@@ -187,9 +187,10 @@ def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference):
     engine = llm.engine
     engine.add_request("shared", prompts[5], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, n=3))
     seqs = engine.requests["shared"].seqs
-    engine.step()  # the first completion's prompt; the others join after it
+    engine.step()  # launches the first completion's prompt; the others join after it
+    assert [s.num_output_tokens for s in seqs] == [0, 0, 0]  # its token is still on the device
+    engine.step()  # collects that token; the siblings are scheduled on the cached prompt blocks
     assert [s.num_output_tokens for s in seqs] == [1, 0, 0]
-    engine.step()
     full_blocks = 4 * ((len(prompts[5]) - 1) // 4)
     assert [s.num_cached_prompt_tokens for s in seqs[1:]] == [full_blocks, full_blocks]
     engine.abort("shared")
