@@ -33,7 +33,7 @@ def test_openai_package_stream_matches_non_stream(server):
     full = client.chat.completions.create(model="tiny-llava", messages=HELLO, max_tokens=12, temperature=0)
     choice = full.choices[0]
     assert choice.finish_reason in ("stop", "length") and choice.message.role == "assistant"
-    assert full.usage.completion_tokens == (12 if choice.finish_reason == "length" else full.usage.completion_tokens)
+    assert full.usage.completion_tokens == 12 or choice.finish_reason == "stop"
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens > 0
     chunks = list(
         client.chat.completions.create(
