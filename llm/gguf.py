@@ -92,6 +92,8 @@ class GGUFCheckpoint:
         self._config_dict = _config_dict(self.file, self.gguf_architecture)
         self.config: PretrainedConfig = AutoConfig.for_model(**self._config_dict)
         self.config.architectures = [SUPPORTED_ARCHITECTURES[self.gguf_architecture][1]]
+        # the file's blocks are no serving dtype; "auto" then serves bf16 on a GPU (the engine takes fp32 on CPU)
+        self.config.dtype = "bfloat16"
         self._check_tensor_types()
         self._tokenizer = None
 

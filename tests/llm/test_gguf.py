@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from llm.errors import ModelLoadError
 from llm.gguf import UnsupportedGGUFError, load_gguf
+from llm.weights import resolve_dtype
 from tests.llm.gguf_files import gemma3_270m_path, write_llama_gguf
 
 # storage types per tensor: layer 0 keeps q/k in F32 so the permutation round trip is exact
@@ -180,6 +181,7 @@ def test_gemma_config(gemma_checkpoint):
     assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
     assert config.rope_parameters["full_attention"]["rope_theta"] == 1000000.0
     assert config.eos_token_id == [1, 106]  # <eos> and <end_of_turn>
+    assert resolve_dtype(config, "auto") == torch.bfloat16  # on a GPU; the engine serves fp32 on a CPU
 
 
 @pytest.fixture(scope="module")
