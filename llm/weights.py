@@ -110,7 +110,10 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
             try:
                 state = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as e:  # a pickle with code, or a truncated file
-                raise ModelLoadError(f"cannot read {path} as plain tensors ({e}); convert it to safetensors") from e
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+                reason = next((line for line in lines if "Unsupported global" in line), lines[0])  # one line
+                message = f"cannot read {path} as plain tensors ({reason}); convert it to safetensors"
+                raise ModelLoadError(message) from e
             yield from state.items()
 
 
