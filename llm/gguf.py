@@ -153,8 +153,9 @@ class GGUFCheckpoint:
 
 def _hf_architecture_name(file: GGUFFile) -> str:
     architecture = file.architecture
-    model_name = str(file.metadata.get("general.name", "")).lower()
-    if architecture == "llama" and "mistral" in model_name:  # llama.cpp writes Mistral as llama
+    # llama.cpp writes Mistral as llama; transformers maps it back only for a file named exactly "mistral"
+    # (a name like "Mistral 7B v0.3" stays llama, which avoids MistralConfig's default 4096-token window)
+    if architecture == "llama" and file.metadata.get("general.name") == "mistral":
         architecture = "mistral"
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedGGUFError(
