@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -92,11 +93,23 @@ def test_ui_stop_aborts_within_a_step_and_frees_blocks_at_once(text_engine):
     wait_idle(text_engine)
 
 
+def _send_and_hang_up(url: str, body: dict) -> None:
+    """Send one request over a raw socket and close it at once, before any byte of the answer arrives."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: {AUTH['Authorization']}\r\nContent-Length: {len(payload)}\r\n\r\n")  # fmt: skip
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head.encode() + payload)
+
+
 def test_leaving_before_the_response_starts_aborts(text_server, text_engine):
-    """A client that gives up before the first chunk (its prompt still in prefill) leaves nothing behind."""
+    """A client that hangs up before the first byte (its prompt still in prefill) leaves nothing behind.
+
+    Streamed requests stop within a few steps; a non-streamed one when the server next polls the
+    connection (every 0.2 s), long before its 200 tokens are done.
+    """
     wait_idle(text_engine)
-    prompt = "The quick brown fox jumps over the lazy dog. " * 5  # ~170 prompt tokens
-    body = {"messages": [{"role": "user", "content": prompt}], "stream": True, **{**LONG, "max_tokens": 60}}
     seen, done = {}, threading.Event()
 
     def watch():  # records every request the engine holds meanwhile
@@ -106,16 +119,21 @@ def test_leaving_before_the_response_starts_aborts(text_server, text_engine):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    for _ in range(3):  # a 60-token answer takes far longer than the 20 ms the client waits
-        try:
-            httpx.post(
-                f"{text_server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(10, read=0.02)
-            )
-        except httpx.TimeoutException:
-            pass
-    wait_idle(text_engine)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 5  # ~170 prompt tokens
+    cases = ((True, 60, prompt), (True, 60, prompt), (False, 200, "Hello"))
+    for taken, (stream, max_tokens, content) in enumerate(cases, start=1):
+        body = {
+            "messages": [{"role": "user", "content": content}],
+            "stream": stream,
+            **{**LONG, "max_tokens": max_tokens},
+        }
+        _send_and_hang_up(text_server.url, body)
+        deadline = time.monotonic() + 10
+        while len(seen) < taken and time.monotonic() < deadline:  # until the engine took the request
+            time.sleep(0.001)
+        wait_idle(text_engine)
     done.set()
     watcher.join()
-    assert seen and all(r.seqs[0].finish_reason == "abort" and r.seqs[0].num_output_tokens < 60
-                        for r in seen.values()), {k: r.seqs[0].finish_reason for k, r in seen.items()}  # fmt: skip
+    finished = {k: (r.seqs[0].finish_reason, r.seqs[0].num_output_tokens) for k, r in seen.items()}
+    assert len(finished) == 3 and all(reason == "abort" for reason, _ in finished.values()), finished
     assert_healthy(text_server, text_engine)
