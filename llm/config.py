@@ -104,7 +104,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.model = os.fspath(self.model)
-        _check(os.path.isdir(self.model) or _is_gguf_file(self.model),
+        _check(os.path.isdir(self.model) or is_gguf_file(self.model),
                f"model directory {self.model!r} does not exist; pass a local HF model dir or a .gguf file")  # fmt: skip
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
@@ -134,5 +134,6 @@ class EngineConfig:
         return cls(model=model, **top, **{name: sub[name](**kw) for name, kw in parts.items()})
 
 
-def _is_gguf_file(path: str) -> bool:
-    return path.lower().endswith(".gguf") and os.path.isfile(path)
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """A GGUF checkpoint (checked by name, so the gguf package is imported only for such files)."""
+    return os.fspath(path).lower().endswith(".gguf") and os.path.isfile(path)

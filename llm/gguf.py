@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
+from llm.config import is_gguf_file as is_gguf  # noqa: F401 - re-exported
 from llm.errors import ModelLoadError
 from llm.gguf_reader import GGUFFile
 
@@ -59,10 +60,6 @@ _SPECIAL_TOKEN_IDS = {
 
 class UnsupportedGGUFError(ModelLoadError):
     """The GGUF file holds an architecture or a quantization type vlchat cannot load."""
-
-
-def is_gguf(path: str | os.PathLike) -> bool:
-    return str(path).lower().endswith(".gguf") and os.path.isfile(path)
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFCheckpoint:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llm.config import is_gguf_file as is_gguf
 from llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
 from llm.layers.linear import default_weight_loader
 
@@ -118,9 +119,9 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
 
 
 def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    from llm.gguf import is_gguf, load_gguf
-
     if is_gguf(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
+        from llm.gguf import load_gguf
+
         return load_gguf(model_dir).weights(torch.float32)
     return iter_checkpoint(checkpoint_files(model_dir), progress)
 
@@ -162,9 +163,9 @@ def load_hf_config(model_dir: str | Path):
     """The transformers config of a local model directory (a plain `PretrainedConfig` for unknown model types)."""
     from transformers import AutoConfig, PretrainedConfig
 
-    from llm.gguf import is_gguf, load_gguf
-
     if is_gguf(model_dir):
+        from llm.gguf import load_gguf
+
         return load_gguf(model_dir).config
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
