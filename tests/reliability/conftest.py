@@ -1,19 +1,18 @@
 """Engines and live servers for the reliability tests (session-scoped: each model loads once).
 
-Text cases run on a tiny random Llama (tests/llm/tiny.py), image cases on a tiny random LLaVA
-(tests/vision/tiny_vlm.py) behind the same server configuration: an API key, an allowed local
-media directory, at most 2 images per request and a small body limit.
+Text cases run on a tiny random Llama (tests/llm/tiny.py), image cases on the demo model in
+assets/demo-model (a small LLaVA) behind the same server configuration: an API key, an allowed
+local media directory, at most 2 images per request and a small body limit.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from app.model_choice import EXAMPLES, ModelChoice
+from app.model_choice import DEMO_MODEL, EXAMPLES, ModelChoice
 from app.settings import MediaLimits
 from tests.app.live import start_engine, start_server
 from tests.llm.tiny import make_tiny_llama
-from tests.vision.tiny_vlm import make_tiny_llava
 
 API_KEY = "reliability-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -39,8 +38,8 @@ def text_engine(text_model_dir):
 
 
 @pytest.fixture(scope="session")
-def vlm_engine(tmp_path_factory):
-    engine = start_engine(make_tiny_llava(tmp_path_factory.mktemp("reliability-llava")), num_blocks=128)
+def vlm_engine():
+    engine = start_engine(DEMO_MODEL, num_blocks=128)
     yield engine
     engine.shutdown()
 
@@ -66,7 +65,7 @@ def text_server(text_engine, media_root):
 
 @pytest.fixture(scope="session")
 def vlm_server(vlm_engine, media_root):
-    """The API over the tiny LLaVA, configured like `text_server`."""
-    server = _locked(vlm_engine, "tiny-llava", media_root)
+    """The API over the demo LLaVA model, configured like `text_server`."""
+    server = _locked(vlm_engine, "vlchat-demo", media_root)
     yield server
     server.stop()

@@ -1,6 +1,6 @@
 """Every bad input of issue 10 gets a clear OpenAI-style 4xx, and the server stays healthy afterwards.
 
-Text cases go to the tiny Llama server, image cases to the tiny LLaVA server; both run with an
+Text cases go to the tiny Llama server, image cases to the demo LLaVA model server; both run with an
 API key, an allowed local media directory, 2 images per request at most and a small body limit.
 After each case: /health is ok, the engine is idle with every KV block free, and a new request
 completes.

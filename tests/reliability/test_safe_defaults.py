@@ -113,7 +113,7 @@ def test_no_remote_fetch_unless_allowed(vlm_server, vlm_engine, counting_http_se
     response = http.post(f"{vlm_server.url}/v1/chat/completions", json=image_request(f"{url}/cat.png"), headers=AUTH)
     assert_openai_error(response, 403, "--allow-remote-images")
     assert hits == [], "the server fetched a remote image it was not allowed to"
-    allowed = start_server(vlm_engine, ModelChoice("x", "tiny-llava"), with_ui=False,
+    allowed = start_server(vlm_engine, ModelChoice("x", "vlchat-demo"), with_ui=False,
                            media=MediaLimits(allow_remote=True))  # fmt: skip
     try:
         ok = http.post(f"{allowed.url}/v1/chat/completions", json=image_request(f"{url}/cat.png"))
@@ -125,7 +125,7 @@ def test_no_remote_fetch_unless_allowed(vlm_server, vlm_engine, counting_http_se
 
 def test_no_local_file_read_unless_allowed(vlm_engine, tmp_path):
     (tmp_path / "cat.png").write_bytes(red_png())
-    server = start_server(vlm_engine, ModelChoice("x", "tiny-llava"), with_ui=False)  # the default: no local paths
+    server = start_server(vlm_engine, ModelChoice("x", "vlchat-demo"), with_ui=False)  # the default: no local paths
     try:
         for path in (str(tmp_path / "cat.png"), f"file://{tmp_path / 'cat.png'}", "cat.png"):
             response = http.post(f"{server.url}/v1/chat/completions", json=image_request(path))
@@ -218,7 +218,7 @@ def ui_server(vlm_engine, tmp_path_factory):
     previous = os.environ.get("GRADIO_TEMP_DIR")
     os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)
     media = MediaLimits(max_image_bytes=100_000)
-    server = start_server(vlm_engine, ModelChoice(vlm_engine.config.model, "tiny-llava"), media=media)
+    server = start_server(vlm_engine, ModelChoice(vlm_engine.config.model, "vlchat-demo"), media=media)
     yield server, upload_dir
     server.stop()
     if previous is None:
@@ -256,7 +256,7 @@ def test_ui_uploads_are_removed_when_the_server_stops(vlm_engine, tmp_path, monk
     upload_dir = tmp_path / "uploads"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(upload_dir))
     (tmp_path / "cat.png").write_bytes(red_png())
-    server = start_server(vlm_engine, ModelChoice(vlm_engine.config.model, "tiny-llava"))
+    server = start_server(vlm_engine, ModelChoice(vlm_engine.config.model, "vlchat-demo"))
     try:
         client = Client(server.url, verbose=False)
         message = {"text": "What is this?", "files": [handle_file(str(tmp_path / "cat.png"))]}
