@@ -40,6 +40,7 @@ class LLM:
         self,
         prompts,
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        mm_options: dict | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt; returns one finished RequestOutput per prompt, in order.
 
@@ -47,6 +48,8 @@ class LLM:
             prompts: a string, a list of strings, a list of token-id lists, or a list of chat
                 conversations (each an OpenAI-style list of message dicts).
             sampling_params: one for all prompts, or one per prompt (default: SamplingParams()).
+            mm_options: for vision models, per-request image options: `max_images`, and for
+                Qwen2-VL/2.5-VL `min_pixels`/`max_pixels`.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
             prompts = [prompts]
@@ -60,7 +63,7 @@ class LLM:
             for prompt, p in zip(prompts, params, strict=True):
                 request_id = f"llm-{self._counter}"
                 self._counter += 1
-                self.engine.add_request(request_id, prompt, p, stream=False)
+                self.engine.add_request(request_id, prompt, p, mm_options=mm_options, stream=False)
                 ids.append(request_id)
             final: dict[str, RequestOutput] = {}
             while self.engine.has_unfinished():

@@ -54,6 +54,11 @@ class LLMEngine:
             sched.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
         self.runner = ModelRunner(config, self.hf_config, self.max_model_len, self.eos_token_ids)
         self.model_cls = type(self.runner.model)
+        if config.cache.enable_prefix_caching and self.runner.rope_tracks_length:
+            # Dynamic NTK / longrope rotate keys by the longest sequence seen when they were written:
+            # a cached block holds keys rotated for another request's length, so it is not reused.
+            logger.info("prefix caching is off: the model's RoPE scaling depends on the sequence length")
+            config.cache.enable_prefix_caching = False
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
