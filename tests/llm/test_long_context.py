@@ -144,3 +144,13 @@ def test_request_that_can_never_fit_the_kv_pool_is_rejected_up_front(model_dirs)
 def test_max_model_len_override_above_the_config_extends_the_rope_table(model_dirs, hf_tokens):
     llm = _engine(model_dirs["linear"], max_model_len=1040)  # the config supports 1024
     assert llm.generate([_prompt(1030)], GREEDY)[0].token_ids == hf_tokens("linear", 1030, 1, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "longrope", "yarn"])
+def test_prefix_caching_is_off_only_where_rope_depends_on_the_length(model_dirs, kind):
+    """A block cached under dynamic NTK / longrope holds keys rotated for another request's length."""
+    llm = LLM(str(model_dirs[kind]), num_blocks=128)
+    try:
+        assert llm.engine.block_manager.enable_prefix_caching == (kind == "yarn")
+    finally:
+        llm.close()
