@@ -21,13 +21,16 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class BodySizeLimit:
-    """Refuse request bodies over `limit` bytes under /v1 with a 413, whether or not Content-Length is sent."""
+    """Refuse request bodies over `limit` bytes with a 413, whether or not Content-Length is sent.
+
+    Every path: the UI's JSON routes (queue/join, run/...) would otherwise read a body of any size.
+    """
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
