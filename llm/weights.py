@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,12 +129,18 @@ def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple
 def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule] | None = None, progress=True):
     """Fill every parameter of `model` from the checkpoint in `model_dir` (see the module docstring)."""
     rules = list(getattr(model, "weight_mapping", [])) if rules is None else rules
+    load_tensors(model, _checkpoint_tensors(model_dir, progress), rules, where=str(model_dir))
+
+
+def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], rules: list[WeightRule], where: str):
+    """Fill every parameter of `model` from `(name, tensor)` pairs mapped through `rules`, or raise
+    WeightMismatchError naming the missing, unexpected and wrong-shape tensors."""
     params = dict(model.named_parameters())
     expected = {(n, s) for n, p in params.items() for s in getattr(p, "shards", (None,))}
     loaded: set[tuple[str, object]] = set()
     unexpected, mismatched = [], []
     with torch.no_grad():
-        for name, tensor in _checkpoint_tensors(model_dir, progress):
+        for name, tensor in tensors:
             mapped = map_name(name, rules)
             if mapped is None:
                 continue
@@ -156,7 +162,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule
             loaded.update((pname, s) for s in pieces)
     missing = [n if s is None else f"{n} (piece {s!r})" for n, s in sorted(expected - loaded, key=str)]
     if missing or unexpected or mismatched:
-        raise WeightMismatchError(missing, unexpected, mismatched, where=str(model_dir))
+        raise WeightMismatchError(missing, unexpected, mismatched, where=where)
 
 
 def load_hf_config(model_dir: str | Path):

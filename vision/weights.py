@@ -14,9 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from llm.errors import WeightMismatchError
-from llm.layers.linear import copy_weight, default_weight_loader
-from llm.weights import ALL_SHARDS, WeightRule, map_name
+from llm.layers.linear import copy_weight
+from llm.weights import ALL_SHARDS, WeightRule, load_tensors
 
 # Separate q/k/v and gate/up checkpoint tensors -> pieces of our fused linears.
 FUSED_RULES = [
@@ -49,30 +48,4 @@ def load_named(
     module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], rules: list[WeightRule], where: str
 ) -> None:
     """Fill every parameter of `module` from `weights` mapped through `rules`, or raise WeightMismatchError."""
-    params = dict(module.named_parameters())
-    expected = {(n, s) for n, p in params.items() for s in getattr(p, "shards", (None,))}
-    loaded: set[tuple[str, object]] = set()
-    unexpected, mismatched = [], []
-    with torch.no_grad():
-        for name, tensor in weights:
-            mapped = map_name(name, rules)
-            if mapped is None:
-                continue
-            target, shard, loader = mapped
-            if target not in params:
-                unexpected.append(name)
-                continue
-            param = params[target]
-            try:
-                if loader is not None:
-                    loader(param, tensor)
-                else:
-                    getattr(param, "weight_loader", default_weight_loader)(param, tensor, shard)
-            except ValueError as e:
-                mismatched.append(f"{name} -> {target}: {e}")
-                continue
-            pieces = getattr(param, "shards", (None,)) if shard in (None, ALL_SHARDS) else (shard,)
-            loaded.update((target, s) for s in pieces)
-    missing = [n if s is None else f"{n} (piece {s!r})" for n, s in sorted(expected - loaded, key=str)]
-    if missing or unexpected or mismatched:
-        raise WeightMismatchError(missing, unexpected, mismatched, where=where)
+    load_tensors(module, weights, rules, where)
