@@ -15,10 +15,13 @@ import random
 import time
 
 import httpx
+import numpy as np
 import psutil
+from PIL import Image
 
 from tests.reliability.checks import assert_healthy, http, wait_idle
 from tests.reliability.conftest import AUTH
+from tests.reliability.images import data_url, encode
 
 NUM_REQUESTS = 1000
 CONCURRENCY = 128
@@ -49,10 +52,10 @@ def body(prompt: str) -> dict:
     }
 
 
-async def one(client: httpx.AsyncClient, url: str, prompt: str, abort_after: int | None) -> dict:
+async def one(client: httpx.AsyncClient, url: str, key: str, payload: dict, abort_after: int | None) -> dict:
     """Stream one request; with abort_after, close the connection after that many events (role chunk first)."""
-    result = {"prompt": prompt, "ids": set(), "text": "", "finish": None, "usage": None, "done": False, "errors": []}
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body(prompt), headers=AUTH) as response:
+    result = {"prompt": key, "ids": set(), "text": "", "finish": None, "usage": None, "done": False, "errors": []}
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=payload, headers=AUTH) as response:
         result["status"] = response.status_code
         if response.status_code != 200:
             result["errors"].append((await response.aread()).decode(errors="replace"))
@@ -81,19 +84,20 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, abort_after: int
     return result
 
 
-async def run_load(url: str, plan: list[tuple[str, int | None]], engine) -> tuple[list[dict], int]:
-    limit = asyncio.Semaphore(CONCURRENCY)
+async def run_load(url: str, plan: list[tuple], engine, concurrency: int = CONCURRENCY) -> tuple[list[dict], int]:
+    """Run (key, body, abort_after) requests, `concurrency` at a time; returns the results and the peak load."""
+    limit = asyncio.Semaphore(concurrency)
     peak = 0
-    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=0)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
 
-    async def bounded(client, prompt, abort_after):
+    async def bounded(client, key, payload, abort_after):
         nonlocal peak
         async with limit:
             peak = max(peak, len(engine.engine.requests))
-            return await one(client, url, prompt, abort_after)
+            return await one(client, url, key, payload, abort_after)
 
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        results = await asyncio.gather(*(bounded(client, p, a) for p, a in plan), return_exceptions=True)
+        results = await asyncio.gather(*(bounded(client, *item) for item in plan), return_exceptions=True)
     return results, peak
 
 
@@ -112,13 +116,13 @@ def test_soak_1000_streams_at_concurrency_128(text_server, text_engine, record_p
         )
         reference[prompt] = answer.json()["choices"][0]["message"]["content"]
     rng = random.Random(0)
-    warmup = [(rng.choice(PROMPTS), None) for _ in range(WARMUP)]
+    warmup = [(p, body(p), None) for p in (rng.choice(PROMPTS) for _ in range(WARMUP))]
     asyncio.run(run_load(text_server.url, warmup, text_engine))
     wait_idle(text_engine)
     rss_before = rss_mb()
 
-    plan = [(rng.choice(PROMPTS), rng.randint(1, 2) if rng.random() < ABORT_FRACTION else None)
-            for _ in range(NUM_REQUESTS)]  # fmt: skip
+    plan = [(p, body(p), rng.randint(1, 2) if rng.random() < ABORT_FRACTION else None)
+            for p in (rng.choice(PROMPTS) for _ in range(NUM_REQUESTS))]  # fmt: skip
     start = time.monotonic()
     results, peak = asyncio.run(run_load(text_server.url, plan, text_engine))
     seconds = time.monotonic() - start
@@ -132,7 +136,7 @@ def test_soak_1000_streams_at_concurrency_128(text_server, text_engine, record_p
     assert all(len(i) == 1 for i in ids) and len(set().union(*ids)) == NUM_REQUESTS  # one id per stream, all distinct
     aborted = [r for r in results if r.get("aborted")]
     finished = [r for r in results if not r.get("aborted")]
-    assert len(aborted) == sum(a is not None for _, a in plan)
+    assert len(aborted) == sum(a is not None for _, _, a in plan)
     for r in finished:
         assert r["done"] and r["finish"] == "length" and r["usage"]["completion_tokens"] == MAX_TOKENS, r
         assert r["text"] == reference[r["prompt"]], r  # no lost, repeated or foreign delta
@@ -153,3 +157,35 @@ def test_soak_1000_streams_at_concurrency_128(text_server, text_engine, record_p
     assert peak >= CONCURRENCY // 2, f"the load never reached concurrency (peak {peak} requests in the engine)"
     assert rss_after - rss_before < RSS_SLACK_MB, figures
     assert_healthy(text_server, text_engine)
+
+
+def test_soak_with_distinct_images(vlm_server, vlm_engine):
+    """200 streams, each with its own image, 32 at a time, some hung up: nothing lost, nothing kept."""
+    wait_idle(vlm_engine)
+    rng = random.Random(1)
+
+    def image_body(seed: int) -> dict:
+        pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        content = [{"type": "image_url", "image_url": {"url": data_url(encode(Image.fromarray(pixels)))}},
+                   {"type": "text", "text": "What is in the picture?"}]  # fmt: skip
+        return {**body(""), "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+
+    warmup = [(f"w{i}", image_body(10_000 + i), None) for i in range(100)]  # allocator pools settle first
+    asyncio.run(run_load(vlm_server.url, warmup, vlm_engine, concurrency=32))
+    wait_idle(vlm_engine)
+    rss_before = rss_mb()
+    plan = [(f"i{i}", image_body(i), 1 if rng.random() < ABORT_FRACTION else None) for i in range(200)]
+    results, peak = asyncio.run(run_load(vlm_server.url, plan, vlm_engine, concurrency=32))
+    assert not [r for r in results if isinstance(r, BaseException)]
+    assert all(r["status"] == 200 and not r["errors"] for r in results), [r for r in results if r["errors"]][:2]
+    assert len(set().union(*(r["ids"] for r in results))) == len(plan)
+    for r in results:
+        if not r.get("aborted"):
+            assert r["done"] and r["finish"] == "length" and r["usage"]["completion_tokens"] == 4, r
+    wait_idle(vlm_engine)
+    cached = len(vlm_engine.engine.runner._mm_cache)
+    rss_after = rss_mb()
+    print(f"\nimage soak: 200 requests, peak {peak} in the engine, {cached} image embeddings cached, "
+          f"RSS {rss_before:.0f} -> {rss_after:.0f} MB")  # fmt: skip
+    assert peak >= 16 and cached <= 32
+    assert rss_after - rss_before < RSS_SLACK_MB
