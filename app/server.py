@@ -105,6 +105,9 @@ def warn_if_unprotected(config: ServerConfig) -> None:
             f"anyone with the link can use your model and GPU. Add --auth USER:PASS and --api-key KEY.\n{bar}",
             file=sys.stderr,
         )
+    elif config.share and config.auth is None:  # --api-key guards /v1 only
+        print("warning: --share without --auth: the browser UI (and the Gradio API behind it) is open to anyone "
+              "with the link; --api-key protects /v1 only. Add --auth USER:PASS.", file=sys.stderr)  # fmt: skip
     elif config.unprotected and config.host not in LOOPBACK:
         print(f"warning: serving on {config.host} without --auth or --api-key: anyone who can reach it may use it",
               file=sys.stderr)  # fmt: skip

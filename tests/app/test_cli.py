@@ -55,9 +55,11 @@ def test_share_without_protection_warns_loudly(capsys):
 
     warn_if_unprotected(ServerConfig(share=True))
     assert "WARNING" in capsys.readouterr().err
-    for protected in (ServerConfig(share=True, auth=("a", "b")), ServerConfig(share=True, api_key="k"), ServerConfig()):
+    for protected in (ServerConfig(share=True, auth=("a", "b")), ServerConfig()):
         warn_if_unprotected(protected)
         assert capsys.readouterr().err == ""
+    warn_if_unprotected(ServerConfig(share=True, api_key="k"))  # the key guards /v1; the shared UI stays open
+    assert "--share without --auth" in capsys.readouterr().err
     warn_if_unprotected(ServerConfig(host="0.0.0.0"))
     assert "without --auth or --api-key" in capsys.readouterr().err
 

@@ -201,15 +201,17 @@ def test_custom_code_in_a_model_directory_never_runs(text_model_dir, tmp_path):
 
 
 def test_share_warning_only_without_protection(capsys):
-    for config, loud in (
-        (ServerConfig(share=True), True),
-        (ServerConfig(share=True, auth=("alice", "s3cret")), False),
-        (ServerConfig(share=True, api_key="k"), False),
-        (ServerConfig(), False),
+    for config, loud, ui_open in (
+        (ServerConfig(share=True), True, False),  # the loud warning says it all
+        (ServerConfig(share=True, api_key="k"), False, True),  # the key guards /v1, not the UI
+        (ServerConfig(share=True, auth=("alice", "s3cret")), False, False),
+        (ServerConfig(share=True, auth=("alice", "s3cret"), api_key="k"), False, False),
+        (ServerConfig(), False, False),
     ):
         warn_if_unprotected(config)
         err = capsys.readouterr().err
         assert ("WARNING" in err and "--auth" in err and "--api-key" in err) == loud, (config, err)
+        assert ("UI" in err and "--auth" in err) == ui_open, (config, err)
 
 
 @pytest.fixture(scope="module")
