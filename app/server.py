@@ -14,6 +14,7 @@ from app import __version__
 from app.api.errors import body_too_large, install_error_handlers
 from app.api.routes import build_router
 from app.model_choice import ModelChoice
+from app.remote_file_guard import RemoteFileGuard
 from app.settings import ServerConfig, quiet_gradio_defaults
 
 log = logging.getLogger("vlchat.server")
@@ -93,6 +94,8 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         # Gradio checks that file paths in a request were uploaded by a user only once `launch()` ran;
         # a mounted app never launches, so without this any image file on the server could be named.
         blocks.has_launched = True
+        if not config.media.allow_remote:
+            app.add_middleware(RemoteFileGuard)  # inside the body limit: it reads bounded bodies only
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     return app
 

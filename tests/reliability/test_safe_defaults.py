@@ -124,6 +124,42 @@ def test_no_remote_fetch_unless_allowed(vlm_server, vlm_engine, counting_http_se
     wait_idle(vlm_engine)
 
 
+def test_ui_does_not_fetch_remote_files_unless_allowed(vlm_engine, monkeypatch):
+    """Gradio fetches any http(s) URL named as a file value; without --allow-remote-images the app refuses first.
+
+    Gradio's downloader is replaced by a recorder that raises, so nothing is contacted either way.
+    """
+    import gradio.processing_utils
+
+    fetched = []
+
+    async def recorder(url, cache_dir):
+        fetched.append(url)
+        raise OSError("the tests never download")
+
+    monkeypatch.setattr(gradio.processing_utils, "async_ssrf_protected_download", recorder)
+    remote = {"path": "http://203.0.113.5/cat.png", "meta": {"_type": "gradio.FileData"}}  # TEST-NET-3
+    data = [{"text": "What is this?", "files": [remote]}, "", 0.0, 1.0, 4]
+    choice = ModelChoice(vlm_engine.config.model, "vlchat-demo")
+    for allow_remote in (False, True):
+        server = start_server(vlm_engine, choice, media=MediaLimits(allow_remote=allow_remote))
+        try:
+            call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": data})
+            join = httpx.post(f"{server.url}/gradio_api/queue/join",
+                              json={"data": data, "fn_index": 0, "session_hash": "s", "event_data": None})  # fmt: skip
+            if not allow_remote:
+                for response in (call, join):
+                    assert_openai_error(response, 403, "--allow-remote-images")
+                assert fetched == []
+            else:
+                assert call.status_code == 200
+                httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}", timeout=30)
+                assert fetched, "the allowed server did not try the URL (the test would miss a fetch)"
+        finally:
+            server.stop()
+    wait_idle(vlm_engine)
+
+
 def test_no_local_file_read_unless_allowed(vlm_engine, tmp_path):
     (tmp_path / "cat.png").write_bytes(red_png())
     server = start_server(vlm_engine, ModelChoice("x", "vlchat-demo"), with_ui=False)  # the default: no local paths
