@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from app.cli import build_parser, main, server_config
-from app.model_choice import ModelChoice
+from app.model_choice import EXAMPLES, ModelChoice
 from app.server import warn_if_unprotected
 from app.settings import DEFAULT_HOST, MediaLimits, ServerConfig, quiet_gradio_defaults
 from llm.errors import ModelLoadError
@@ -257,7 +257,7 @@ def ui_server(vlm_engine, tmp_path_factory):
     previous = os.environ.get("GRADIO_TEMP_DIR")
     os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)
     media = MediaLimits(max_image_bytes=100_000)
-    choice = ModelChoice(vlm_engine.config.model, "vlchat-demo")
+    choice = ModelChoice(vlm_engine.config.model, "vlchat-demo", example_dirs=[EXAMPLES])
     server = start_server(vlm_engine, choice, media=media, max_request_bytes=UI_BODY_LIMIT)
     yield server, upload_dir
     server.stop()
@@ -265,6 +265,17 @@ def ui_server(vlm_engine, tmp_path_factory):
         os.environ.pop("GRADIO_TEMP_DIR", None)
     else:
         os.environ["GRADIO_TEMP_DIR"] = previous
+
+
+def test_ui_serves_only_the_example_images(ui_server):
+    """Gradio's file route answers for the example images and nothing else on the machine."""
+    server, _ = ui_server
+    example = sorted(EXAMPLES.iterdir())[0]
+    assert httpx.get(f"{server.url}/gradio_api/file={example}").content == example.read_bytes()
+    for path in ("/etc/passwd", "/proc/self/environ", str(REPO / "pyproject.toml"), f"{EXAMPLES}/../../pyproject.toml",
+                 str(REPO / "assets" / "demo-model" / "config.json"), "../../../../etc/passwd", tempfile.gettempdir()):  # fmt: skip
+        response = httpx.get(f"{server.url}/gradio_api/file={path}")
+        assert response.status_code in (403, 404), (path, response.status_code)
 
 
 def test_ui_routes_have_a_body_limit_too(ui_server):
@@ -299,13 +310,16 @@ def test_ui_upload_size_limit(ui_server):
     assert small.status_code == 200, small.text[:300]
 
 
-def test_api_images_leave_no_temporary_files(vlm_server, vlm_engine):
-    before = files_under(Path(tempfile.gettempdir()))
+def test_api_images_leave_no_temporary_files(vlm_server, vlm_engine, tmp_path, monkeypatch):
+    """Images sent to the API are decoded in memory: the process's temporary directory stays empty."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # every tempfile of this process lands here
     for _ in range(3):
         response = http.post(f"{vlm_server.url}/v1/chat/completions", json=image_request(data_url(red_png())),
                              headers=AUTH)  # fmt: skip
         assert response.status_code == 200
-    assert files_under(Path(tempfile.gettempdir())) - before == set()
+    assert files_under(private) == set()
     wait_idle(vlm_engine)
 
 
