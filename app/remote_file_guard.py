@@ -25,7 +25,10 @@ class RemoteFileGuard:
         self.app, self.prefix = app, prefix
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(self.prefix):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith(self.prefix):
+            return await self.app(scope, receive, send)
+        if path.endswith("/upload"):  # multipart file bytes, never a file value Gradio would fetch
             return await self.app(scope, receive, send)
         messages, body = [], b""
         while True:  # the body limit middleware outside this one bounds what is read here
