@@ -98,10 +98,9 @@ def test_schema_fuzzing_gives_no_5xx(api_schema, fuzz_engine, mode):
     print(f"\nfuzz {mode}: {time.monotonic() - start:.1f} s, "
           f"{ {k: dict(sorted(v.items())) for k, v in statuses.items()} }")  # fmt: skip
     chat = statuses["POST /v1/chat/completions"]
+    assert sum(chat.values()) >= EXAMPLES[mode] // 2, chat  # the examples did run
     if mode == "negative":
         assert sum(n for s, n in chat.items() if 400 <= s < 500) > 0
-    else:
-        assert chat[200] > 0  # valid bodies reached the engine
-    if mode == "accepted":
+    if mode == "accepted":  # most schema-valid bodies break a rule the schema cannot state; these reach the engine
         assert chat[200] >= EXAMPLES[mode] // 2, chat
     wait_idle(fuzz_engine)
