@@ -15,8 +15,6 @@ from app.api.protocol import ChatCompletionRequest
 from app.errors import AuthError, ModelNotFoundError
 from app.settings import ServerConfig
 
-DISCONNECT_POLL_S = 0.2
-
 
 def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
     created = int(time.time())
@@ -53,12 +51,15 @@ def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(lines, media_type="text/event-stream", headers=headers)
         task = asyncio.ensure_future(complete(engine, prepared))
-        while not task.done():
-            await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()  # cancelling the stream aborts the engine request
-                await asyncio.gather(task, return_exceptions=True)
-                return JSONResponse({}, status_code=499)
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not task.done():  # the client went away: cancelling the stream aborts the engine request at once
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return JSONResponse({}, status_code=499)
         return JSONResponse(task.result())
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
@@ -67,3 +68,9 @@ def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
         return error_response(message, 404, code="unknown_url")
 
     return router
+
+
+async def _client_gone(request: Request) -> None:
+    """Return when the client disconnects: the body is read already, so the next message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -106,8 +106,7 @@ def _send_and_hang_up(url: str, body: dict) -> None:
 def test_leaving_before_the_response_starts_aborts(text_server, text_engine):
     """A client that hangs up before the first byte (its prompt still in prefill) leaves nothing behind.
 
-    Streamed requests stop within a few steps; a non-streamed one when the server next polls the
-    connection (every 0.2 s), long before its 200 tokens are done.
+    Streamed or not, the request stops within a step or two of its start, long before its tokens are done.
     """
     wait_idle(text_engine)
     seen, done = {}, threading.Event()
@@ -129,11 +128,15 @@ def test_leaving_before_the_response_starts_aborts(text_server, text_engine):
         }
         _send_and_hang_up(text_server.url, body)
         deadline = time.monotonic() + 10
-        while len(seen) < taken and time.monotonic() < deadline:  # until the engine took the request
-            time.sleep(0.001)
+        while stream and len(seen) < taken and time.monotonic() < deadline:  # a stream has its first token
+            time.sleep(0.001)  # before its response (and disconnect listener) starts, so the engine holds it
+        time.sleep(0.05)
         wait_idle(text_engine)
     done.set()
     watcher.join()
     finished = {k: (r.seqs[0].finish_reason, r.seqs[0].num_output_tokens) for k, r in seen.items()}
-    assert len(finished) == 3 and all(reason == "abort" for reason, _ in finished.values()), finished
+    # The non-streamed request may be aborted between two engine commands, before the watcher sees it;
+    # if it is seen, it must have stopped as early (0.2 s of polling used to let ~70 tokens through).
+    assert len(finished) >= 2 and all(reason == "abort" for reason, _ in finished.values()), finished
+    assert all(tokens <= 1 + MAX_TOKENS_AFTER_LEAVING for _, tokens in finished.values()), finished
     assert_healthy(text_server, text_engine)
