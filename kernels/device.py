@@ -101,3 +101,14 @@ def get_device_info(index: int | None = None) -> DeviceInfo:
         supports_bf16=True,
         triton=mode,
     )
+
+
+def device_for(t: torch.Tensor) -> DeviceInfo:
+    """The DeviceInfo of the device tensor `t` lives on (a CPU tensor on a GPU machine is a CPU)."""
+    if t.is_cuda:
+        return get_device_info(t.device.index)
+    info = get_device_info()
+    if not info.is_cuda:
+        return info
+    mode = TritonMode.INTERPRETED if _interpreter_requested() else TritonMode.UNAVAILABLE
+    return DeviceInfo("cpu", "cpu", None, os.cpu_count() or 1, 0, 0, True, mode)

@@ -7,13 +7,9 @@ Signatures and shapes: docs/INTERFACES.md.
 
 from __future__ import annotations
 
-import os
-
-import torch
-
 from kernels import dispatch
 from kernels.attention import reference
-from kernels.device import DeviceInfo, TritonMode, get_device_info
+from kernels.device import device_for
 
 WRITE_KV = "attention.write_kv_cache"
 DECODE = "attention.paged_decode"
@@ -29,18 +25,6 @@ dispatch.register(WRITE_KV, reference.write_kv_cache, kv_write and kv_write.writ
 dispatch.register(DECODE, reference.paged_decode_attention, decode and decode.paged_decode_attention)
 dispatch.register(PREFILL, reference.paged_prefill_attention, prefill and prefill.paged_prefill_attention)
 dispatch.register(VARLEN, reference.varlen_attention, varlen and varlen.varlen_attention)
-
-
-def device_for(t: torch.Tensor) -> DeviceInfo:
-    """The DeviceInfo of the device tensor `t` lives on (a CPU tensor on a GPU machine is a CPU)."""
-    if t.is_cuda:
-        return get_device_info(t.device.index)
-    info = get_device_info()
-    if not info.is_cuda:
-        return info
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    mode = TritonMode.INTERPRETED if interp else TritonMode.UNAVAILABLE
-    return DeviceInfo("cpu", "cpu", None, os.cpu_count() or 1, 0, 0, True, mode)
 
 
 def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, check_dtype, table_for
+from kernels.device import device_for
 
 
 @triton.jit
@@ -170,8 +171,6 @@ def paged_decode_attention(
 ):  # fmt: skip
     """Triton paged decode; `device`/`config` override the arch table (tests run other archs' configs)."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
-    from kernels.attention import device_for
-
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     device = device or device_for(q)
     table = table_for(device)

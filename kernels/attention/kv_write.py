@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention.configs import check_dtype, table_for
+from kernels.device import device_for
 
 
 @triton.jit
@@ -40,8 +41,6 @@ def _kv_write_kernel(
 
 def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, *, device=None):
     """Triton KV write; slots < 0 are skipped. k, v: [tokens, kv_heads, head_dim]."""
-    from kernels.attention import device_for
-
     if k.dim() != 3 or k.shape != v.shape or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
             "k, v must be [tokens, kv_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]"

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from kernels.attention.configs import PrefillConfig, check_dtype, table_for
 from kernels.attention.decode import _tanh
+from kernels.device import device_for
 
 
 @triton.jit
@@ -184,8 +185,6 @@ def launch(q, k, v, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, win
 
 def prepare(q, k, v, device, config, out):
     """Checks shared by prefill and varlen (k, v: caches or rows, heads in dim -2); returns (config, out)."""
-    from kernels.attention import device_for
-
     if q.shape[1] % k.shape[-2]:
         raise ValueError(f"q_heads {q.shape[1]} is not a multiple of kv_heads {k.shape[-2]}")
     if q.dtype != k.dtype or v.dtype != k.dtype:

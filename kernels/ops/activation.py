@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention import device_for
+from kernels.device import device_for
 
 SILU = "ops.silu_and_mul"
 GELU_TANH = "ops.gelu_tanh_and_mul"

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention import device_for
+from kernels.device import device_for
 
 OP = "ops.rms_norm"
 MAX_HIDDEN = 65536  # one program holds a whole row

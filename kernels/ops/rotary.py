@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention import device_for
+from kernels.device import device_for
 
 OP = "ops.apply_rotary"
 

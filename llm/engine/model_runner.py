@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import torch
 
-from kernels.device import get_device_info
+from kernels.device import device_for, get_device_info
 from llm.config import EngineConfig
 from llm.engine.context import AttentionMetadata, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
@@ -144,7 +144,6 @@ class ModelRunner:
             return None
         bucket = next((b for b in self.buckets if b >= batch), batch)
         if bucket not in self._splits:
-            from kernels.attention import device_for
             from kernels.attention.decode import decode_splits
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
