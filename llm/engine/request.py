@@ -62,10 +62,6 @@ class Completion:
             self.flushed = True
         return was_running and seq.is_finished
 
-    def add_token(self, token_id: int, eos_token_ids: set[int], max_model_len: int) -> None:
-        self.append(token_id, eos_token_ids, max_model_len)
-        self.detokenize()
-
     def output(self, delta: bool) -> CompletionOutput:
         seq = self.seq
         text = self.detokenizer.text

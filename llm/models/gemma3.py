@@ -32,10 +32,9 @@ from llm.models.llama import (
     LlamaMLP,
     LlamaModel,
     _cfg,
-    windows_from_layer_types,
+    decoder_weight_rules,
 )
 from llm.rope import get_rope, rope_parameters_from_config
-from llm.weights import WeightRule
 
 
 def _layer_types(hf_config) -> list[str]:
@@ -96,17 +95,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self.model = Gemma3Model(self.spec, _layer_types(hf_config), dtype)
         softcap = _cfg(hf_config, "final_logit_softcapping", default=0.0)
         self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, softcap=softcap)
-        self.weight_mapping = [
-            WeightRule(r"rotary_emb\.inv_freq$", None),
-            WeightRule(r"\.q_proj\.", ".qkv_proj.", shard="q"),
-            WeightRule(r"\.k_proj\.", ".qkv_proj.", shard="k"),
-            WeightRule(r"\.v_proj\.", ".qkv_proj.", shard="v"),
-            WeightRule(r"\.gate_proj\.", ".gate_up_proj.", shard=0),
-            WeightRule(r"\.up_proj\.", ".gate_up_proj.", shard=1),
-        ]
         if self.spec.tie_word_embeddings:  # Gemma ties the head to the embedding
             self.lm_head.tie(self.model.embed_tokens)
-            self.weight_mapping.insert(0, WeightRule(r"^(model\.)?lm_head\.weight$", None))
+        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings)
 
     @classmethod
     def spec_overrides(cls, hf_config) -> dict:
@@ -119,8 +110,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             # transformers' Gemma3Attention does not apply `attn_logit_softcapping` (Gemma 2 did; Gemma 3
             # checkpoints set it to None), so neither do we
             "attn_softcap": 0.0,
-            "sliding_windows": windows_from_layer_types(hf_config)
-            or [hf_config.sliding_window if t == "sliding_attention" else None for t in layer_types],
+            "sliding_windows": [hf_config.sliding_window if t == "sliding_attention" else None for t in layer_types],
             "rope_parameters": {kind: rope_parameters_from_config(hf_config, kind) for kind in set(layer_types)},
             "tie_word_embeddings": bool(_cfg(hf_config, "tie_word_embeddings", default=True)),
         }

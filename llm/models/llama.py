@@ -81,6 +81,24 @@ def windows_from_layer_types(hf_config) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in layer_types]
 
 
+def decoder_weight_rules(tied_head: bool, extra: list[WeightRule] = ()) -> list[WeightRule]:
+    """Checkpoint rules of the decoder: `extra` (a family's renames), then HF's separate q/k/v and
+    gate/up tensors into our fused linears; with a tied head a saved copy of it is dropped."""
+    rules = [WeightRule(r"^(model\.)?lm_head\.weight$", None)] if tied_head else []
+    return (
+        rules
+        + list(extra)
+        + [
+            WeightRule(r"rotary_emb\.inv_freq$", None),
+            WeightRule(r"\.q_proj\.", ".qkv_proj.", shard="q"),
+            WeightRule(r"\.k_proj\.", ".qkv_proj.", shard="k"),
+            WeightRule(r"\.v_proj\.", ".qkv_proj.", shard="v"),
+            WeightRule(r"\.gate_proj\.", ".gate_up_proj.", shard=0),
+            WeightRule(r"\.up_proj\.", ".gate_up_proj.", shard=1),
+        ]
+    )
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, spec: DecoderSpec, layer_idx: int, rotary_emb: nn.Module) -> None:
         super().__init__()
@@ -165,16 +183,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size)
         if self.spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
-        self.weight_mapping = self.checkpoint_rules(hf_config) + [
-            WeightRule(r"rotary_emb\.inv_freq$", None),
-            WeightRule(r"\.q_proj\.", ".qkv_proj.", shard="q"),
-            WeightRule(r"\.k_proj\.", ".qkv_proj.", shard="k"),
-            WeightRule(r"\.v_proj\.", ".qkv_proj.", shard="v"),
-            WeightRule(r"\.gate_proj\.", ".gate_up_proj.", shard=0),
-            WeightRule(r"\.up_proj\.", ".gate_up_proj.", shard=1),
-        ]
-        if self.spec.tie_word_embeddings:  # a tied head is the embedding; a saved copy adds nothing
-            self.weight_mapping.insert(0, WeightRule(r"^(model\.)?lm_head\.weight$", None))
+        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings, self.checkpoint_rules(hf_config))
 
     @classmethod
     def spec_from_config(cls, hf_config) -> DecoderSpec:
