@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.app.conftest import API_KEY, BODY_LIMIT
-from tests.app.test_media import png_header_only
+from tests.images import png_claiming
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 USER = {"role": "user", "content": "hi"}
@@ -54,8 +54,8 @@ BAD_BODIES = [
     ("invalid-base64", with_image("data:image/png;base64,@@@"), 400, "base64"),
     ("not-an-image", with_image(url_of(b"just some text, not pixels")), 400, "not a readable image"),
     ("truncated-png", with_image(url_of(png((64, 64))[:60])), 400, "not a readable image"),
-    ("zero-pixels", with_image(url_of(png_header_only(0, 9))), 400, "image"),
-    ("decompression-bomb", with_image(url_of(png_header_only(30000, 30000))), 400, "pixels"),
+    ("zero-pixels", with_image(url_of(png_claiming(0, 9))), 400, "image"),
+    ("decompression-bomb", with_image(url_of(png_claiming(30000, 30000))), 400, "pixels"),
     ("image-in-assistant", with_image(url_of(png()), role="assistant"), 400, "only appear in user"),
     ("remote-url-not-allowed", with_image("http://127.0.0.1:9/a.png"), 403, "--allow-remote-images"),
     ("path-outside", with_image("/etc/passwd"), 403, "inside the allowed"),

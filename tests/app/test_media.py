@@ -1,11 +1,8 @@
 """Image loading rules: sources, size limits, broken files, odd modes, path escapes."""
 
-import base64
 import io
 import os
-import struct
 import threading
-import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -15,27 +12,7 @@ from PIL import Image
 from app.errors import ForbiddenMediaError, MediaError
 from app.media import load_image
 from app.settings import MediaLimits
-
-
-def encode(image: Image.Image, fmt: str = "PNG", **kw) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format=fmt, **kw)
-    return buf.getvalue()
-
-
-def data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose IHDR claims width x height, with one empty IDAT: cheap to make, huge (or empty) to decode."""
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-
+from tests.images import data_url, encode, png_claiming
 
 LIMITS = MediaLimits()
 RED = Image.new("RGB", (6, 4), (255, 0, 0))
@@ -56,8 +33,8 @@ def test_data_url_png_roundtrip():
         (data_url(b""), "empty"),
         (data_url(encode(RED)[:40]), "not a readable image"),
         (data_url(encode(Image.new("RGB", (64, 64), "blue"), "JPEG")[:300], "image/jpeg"), "not a readable image"),
-        (data_url(png_header_only(0, 5)), "not a readable image|no pixels"),
-        (data_url(png_header_only(20000, 20000)), "more than the limit|more than"),
+        (data_url(png_claiming(0, 5)), "not a readable image|no pixels"),
+        (data_url(png_claiming(20000, 20000)), "more than the limit|more than"),
         ("ftp://example.com/a.png", "not supported"),
         ("   ", "non-empty"),
     ],

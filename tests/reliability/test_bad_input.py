@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.images import data_url, encode, odd_modes, png_claiming, red_png
 from tests.reliability.checks import assert_healthy, assert_openai_error, http
 from tests.reliability.conftest import API_KEY, AUTH, BODY_LIMIT, TEXT_MODEL_LEN
-from tests.reliability.images import data_url, encode, odd_modes, png_claiming, red_png
 
 USER = {"role": "user", "content": "Hello!"}
 CHAT = "/v1/chat/completions"

@@ -32,9 +32,9 @@ from app.server import warn_if_unprotected
 from app.settings import DEFAULT_HOST, MediaLimits, ServerConfig, quiet_gradio_defaults
 from llm.errors import ModelLoadError
 from tests.app.live import start_server
+from tests.images import data_url, red_png
 from tests.reliability.checks import assert_openai_error, http, wait_idle
 from tests.reliability.conftest import AUTH
-from tests.reliability.images import data_url, red_png
 
 REPO = Path(__file__).resolve().parents[2]
 UI_BODY_LIMIT = 1_000_000

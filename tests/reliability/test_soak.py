@@ -19,9 +19,9 @@ import numpy as np
 import psutil
 from PIL import Image
 
+from tests.images import data_url, encode
 from tests.reliability.checks import assert_healthy, http, wait_idle
 from tests.reliability.conftest import AUTH
-from tests.reliability.images import data_url, encode
 
 NUM_REQUESTS = 1000
 CONCURRENCY = 128

@@ -20,8 +20,8 @@ from app.chat import TerminalChat, run_chat
 from app.cli import main
 from app.settings import MediaLimits, ServerConfig
 from app.ui import make_respond
+from tests.images import animated_gif, encode, odd_modes, png_claiming, red_png
 from tests.reliability.checks import wait_idle
-from tests.reliability.images import animated_gif, encode, odd_modes, png_claiming, red_png
 
 GREEDY = (0.0, 1.0, 6)  # temperature, top-p, max new tokens
 
