@@ -129,11 +129,16 @@ class VisionLanguageModel(nn.Module):
     @classmethod
     def process_prompt(cls, processor, messages: list[Mapping], mm_options: Mapping) -> MultiModalPrompt:
         token_ids, outputs, text, num_images = run_processor(processor, messages, mm_options)
-        placeholder = image_token_id(processor)
+        placeholder = cls.placeholder_id(processor)
         datas, lengths = cls.split_images(processor, outputs, num_images, token_ids, placeholder)
         items = place_images(token_ids, placeholder, datas, lengths)
         prompt = MultiModalPrompt(token_ids=token_ids, images=items, text=text)
         return cls.finish_prompt(processor, prompt)
+
+    @classmethod
+    def placeholder_id(cls, processor) -> int:
+        """The token id whose rows image embeddings replace."""
+        return image_token_id(processor)
 
     @classmethod
     def split_images(cls, processor, outputs, num_images: int, token_ids: list[int], placeholder: int):

@@ -24,13 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from llm.engine.context import get_context
-from llm.inputs import MultiModalPrompt
 from llm.layers.attention import Attention
 from llm.weights import WeightRule
 from vision.encoders.clip import ClipVisionConfig, ClipVisionTower
 from vision.models.base import VisionLanguageModel
 from vision.models.llava import LLAVA_LAYOUT, LlavaForConditionalGeneration
-from vision.processing import place_images, run_processor
 
 GEMMA3_LAYOUT = [
     *LLAVA_LAYOUT,
@@ -166,11 +164,7 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
     split_images = classmethod(LlavaForConditionalGeneration.split_images.__func__)
 
     @classmethod
-    def process_prompt(cls, processor, messages, mm_options) -> MultiModalPrompt:
+    def placeholder_id(cls, processor) -> int:
         # the processor's `image_token_id` is <start_of_image>; the placeholders are <image_soft_token>
-        token_ids, outputs, text, num_images = run_processor(processor, messages, mm_options)
         tokenizer = processor.tokenizer
-        placeholder = tokenizer.convert_tokens_to_ids(tokenizer.image_token)
-        datas, lengths = cls.split_images(processor, outputs, num_images, token_ids, placeholder)
-        items = place_images(token_ids, placeholder, datas, lengths)
-        return MultiModalPrompt(token_ids=token_ids, images=items, text=text)
+        return tokenizer.convert_tokens_to_ids(tokenizer.image_token)
