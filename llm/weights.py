@@ -201,20 +201,23 @@ def resolve_dtype(hf_config, dtype: str | torch.dtype | None = None) -> torch.dt
     return _DTYPES[key]
 
 
-def load_model(model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True):
+def load_model(
+    model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True, hf_config=None
+):
     """Build the model class registered for the directory's architecture and load its weights.
 
     Args:
         model_dir: a local Hugging Face model directory.
         dtype: None/"auto" takes the config's dtype; else float32, float16 or bfloat16.
         device: where the parameters are allocated.
+        hf_config: the directory's config when the caller has read it already.
 
     Returns:
         The model in eval mode; its `hf_config` and `dtype` attributes say what it was built from.
     """
     from llm.models.registry import get_model_class
 
-    hf_config = load_hf_config(model_dir)
+    hf_config = hf_config if hf_config is not None else load_hf_config(model_dir)
     model_cls = get_model_class(hf_config)
     torch_dtype = resolve_dtype(hf_config, dtype)
     previous = torch.get_default_dtype()
