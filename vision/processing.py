@@ -174,3 +174,11 @@ def placeholder_runs(token_ids: list[int], placeholder: int) -> list[int]:
                 runs.append(1)
         prev = t == placeholder
     return runs
+
+
+def image_runs(token_ids: list[int], placeholder: int, num_images: int, hint: str) -> list[int]:
+    """`placeholder_runs`, checked to be one run per image (`hint` says how to fix a prompt that is not)."""
+    runs = placeholder_runs(token_ids, placeholder)
+    if len(runs) != num_images:
+        raise InvalidRequestError(f"found {len(runs)} image placeholder runs for {num_images} images; {hint}")
+    return runs

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from llm.errors import InvalidRequestError
 from vision.encoders.intern_vit import InternViT, InternViTConfig, pixel_shuffle
 from vision.models.base import VisionLanguageModel
 from vision.models.llava import LLAVA_LAYOUT
-from vision.processing import placeholder_runs
+from vision.processing import image_runs
 from vision.projectors import MultiModalProjector
 
 
@@ -52,11 +51,7 @@ class InternVLForConditionalGeneration(VisionLanguageModel):
     def split_images(cls, processor, outputs, num_images: int, token_ids: list[int], placeholder: int):
         if num_images == 0:
             return [], []
-        runs = placeholder_runs(token_ids, placeholder)
-        if len(runs) != num_images:
-            raise InvalidRequestError(
-                f"found {len(runs)} image placeholder runs for {num_images} images; do not type image tokens in text"
-            )
+        runs = image_runs(token_ids, placeholder, num_images, "do not type image tokens in text")
         tiles = [r // processor.image_seq_length for r in runs]
         pixels = outputs["pixel_values"].split(tiles)
         return [{"pixel_values": p} for p in pixels], runs

@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llm.errors import InvalidRequestError
 from vision.models.llava import LlavaForConditionalGeneration
-from vision.processing import placeholder_runs
+from vision.processing import image_runs
 
 
 def select_best_resolution(size: tuple[int, int], pinpoints: list) -> tuple[int, int]:
@@ -75,11 +74,7 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
     def split_images(cls, processor, outputs, num_images: int, token_ids: list[int], placeholder: int):
         if num_images == 0:
             return [], []
-        runs = placeholder_runs(token_ids, placeholder)
-        if len(runs) != num_images:
-            raise InvalidRequestError(
-                f"found {len(runs)} image placeholder runs for {num_images} images; put text between images"
-            )
+        runs = image_runs(token_ids, placeholder, num_images, "put text between images")
         ip = processor.image_processor
         tile = ip.crop_size["height"] if isinstance(ip.crop_size, dict) else ip.crop_size.height
         pinpoints = [tuple(p) for p in ip.image_grid_pinpoints]
