@@ -31,6 +31,7 @@ too-large count costs only some empty CTAs, never correctness.
 
 from __future__ import annotations
 
+import functools
 import math
 
 MAX_SPLITS = 64  # upper bound of any split count; sizes the partial buffers [batch, q_heads, splits, head_dim] fp32
@@ -53,17 +54,17 @@ def modelled_time_us(
     rate_cta = bw / (SAT_CTAS_PER_SM * sm_count)
     tokens = math.ceil(math.ceil(max_context / splits) / block_n) * block_n
     bytes_cta = tokens * 2 * head_dim * elem_size  # K and V rows of one KV head
-    time, left = 0.0, ctas
-    while left > 0:
-        active = min(left, slots)
-        time += T0_US + bytes_cta / min(rate_cta, bw / active)
-        left -= active
+    full, rest = divmod(ctas, slots)  # full waves of `slots` CTAs, then one partial wave
+    time = full * (T0_US + bytes_cta / min(rate_cta, bw / slots))
+    if rest:
+        time += T0_US + bytes_cta / min(rate_cta, bw / rest)
     if splits > 1:
         partial_bytes = batch * kv_heads * group * splits * (head_dim + 1) * 4 * 2  # written then read
         time += T_REDUCE_US + partial_bytes / bw
     return time
 
 
+@functools.lru_cache(maxsize=4096)  # called per layer in eager steps: the answer depends on host ints only
 def choose_num_splits(
     batch: int, kv_heads: int, group: int, max_context: int, head_dim: int, elem_size: int,
     sm_count: int, ctas_per_sm: int, block_n: int, bandwidth_gbs: float, max_splits: int = MAX_SPLITS,

@@ -48,7 +48,8 @@ class AttentionMetadata:
         max_seqlen_q: the largest number of new tokens of one sequence (prefill only).
         max_seqlen_k: the largest `seq_lens` value (host int; kernels may use it to size their grid).
         context_lens: [batch] int32, tokens already in the cache before this step (seq_lens - new tokens).
-        num_splits: split-k count for decode; None lets the kernel choose (fix it under CUDA graphs).
+        num_splits: split-k count of the decode rows (all rows of a decode step, the leading one-token rows of
+            a mixed step); None lets the kernel choose (fix it under CUDA graphs).
         num_decode_seqs: in a prefill step, how many leading sequences bring exactly one token.
     """
 

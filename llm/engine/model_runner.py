@@ -22,6 +22,7 @@ from llm.engine.context import AttentionMetadata, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
+from llm.engine.transfer import to_device
 from llm.errors import InvalidRequestError, ModelLoadError
 from llm.layers.attention import Attention
 from llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
@@ -184,20 +185,22 @@ class ModelRunner:
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
         dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
+        num_decode = _leading_one_token_seqs(seqs) if max_q > 1 else 0
         meta = AttentionMetadata(
             is_prefill=max_q > 1,
-            slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True),
-            block_tables=torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
-            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32).to(dev, non_blocking=True),
+            slot_mapping=to_device(slots, torch.long, dev),
+            block_tables=to_device(tables, torch.int32, dev),
+            seq_lens=to_device(seq_lens, torch.int32, dev),
+            cu_seqlens_q=to_device(cu_q, torch.int32, dev),
             max_seqlen_q=max_q,
             max_seqlen_k=max(seq_lens),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32).to(dev, non_blocking=True),
-            num_splits=None if max_q > 1 else self.decode_splits(len(seqs)),
-            num_decode_seqs=_leading_one_token_seqs(seqs) if max_q > 1 else 0,
+            context_lens=to_device(context_lens, torch.int32, dev),
+            # decode rows of a mixed step split like a decode step of their count (one heuristic call per step)
+            num_splits=self.decode_splits(num_decode if max_q > 1 else len(seqs)) if num_decode or max_q == 1 else None,
+            num_decode_seqs=num_decode,
         )
-        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
+        ids = to_device(input_ids, torch.long, dev)
+        pos = to_device(positions, torch.long, dev)
         return ids, pos, meta, sample_rows
 
     def _mm_embeds(self, seqs: list[Sequence], input_ids: torch.Tensor) -> torch.Tensor | None:
@@ -245,7 +248,7 @@ class ModelRunner:
         samplers = [s for s in seqs if s.samples_this_step]
         if not samplers:
             return PendingSample(None, None, [])
-        rows = torch.tensor(sample_rows).to(hidden.device, non_blocking=True)
+        rows = to_device(sample_rows, torch.long, hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [samplers, vocab] fp32
         return self.sampler.sample(logits, samplers)
 

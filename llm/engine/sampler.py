@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from llm.engine.sequence import Sequence
+from llm.engine.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -25,7 +26,7 @@ class SamplerOutput:
 
 def _padded(rows: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+    return to_device([r + [fill] * (width - len(r)) for r in rows], torch.long, device)
 
 
 class Sampler:
@@ -51,7 +52,7 @@ class Sampler:
         logits = self._mask_early_stops(logits, seqs)
         tokens = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
-            greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+            greedy = to_device([p.greedy for p in params], torch.bool, logits.device)
             tokens = torch.where(greedy, tokens, self._draw(logits, seqs))
         return PendingSample(tokens, raw_logprobs, params)
 
@@ -64,9 +65,9 @@ class Sampler:
         prompt_ids = _padded([s.token_ids[: s.num_prompt_tokens] for s in seqs], vocab, dev)
         seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=dev).scatter_(1, prompt_ids, True)[:, :vocab]
         seen |= counts > 0
-        rep = torch.tensor([s.params.repetition_penalty for s in seqs], device=dev).unsqueeze(1)
-        pres = torch.tensor([s.params.presence_penalty for s in seqs], device=dev).unsqueeze(1)
-        freq = torch.tensor([s.params.frequency_penalty for s in seqs], device=dev).unsqueeze(1)
+        rep = to_device([s.params.repetition_penalty for s in seqs], torch.float, dev).unsqueeze(1)
+        pres = to_device([s.params.presence_penalty for s in seqs], torch.float, dev).unsqueeze(1)
+        freq = to_device([s.params.frequency_penalty for s in seqs], torch.float, dev).unsqueeze(1)
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)
         return logits - freq * counts - pres * (counts > 0).float()
@@ -82,22 +83,22 @@ class Sampler:
                 stops.update(self.eos_token_ids)
             ids = [t for t in stops if t < logits.shape[1]]
             if ids:
-                logits[i, ids] = float("-inf")
+                logits[i, to_device(ids, torch.long, logits.device)] = float("-inf")
         return logits
 
     def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         rows, vocab = logits.shape
         dev = logits.device
         params = [s.params for s in seqs]
-        temp = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
+        temp = to_device([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float, dev)
         logits = logits / temp.unsqueeze(1)
         top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
         top_p = [p.top_p for p in params]
         if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
             logits = self._top_k_top_p(logits, top_k, top_p)
         probs = torch.softmax(logits, dim=-1)  # [rows, vocab]
-        min_p = torch.tensor([p.min_p for p in params], device=dev)
-        if bool((min_p > 0).any()):
+        if any(p.min_p > 0 for p in params):  # decided on the host: no device sync
+            min_p = to_device([p.min_p for p in params], torch.float, dev)
             probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for i, seq in enumerate(seqs):
@@ -113,10 +114,10 @@ class Sampler:
         dev = logits.device
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [rows, vocab]
         ranks = torch.arange(vocab, device=dev).unsqueeze(0)
-        sorted_logits = sorted_logits.masked_fill(ranks >= torch.tensor(top_k, device=dev).unsqueeze(1), float("-inf"))
+        sorted_logits = sorted_logits.masked_fill(ranks >= to_device(top_k, torch.long, dev).unsqueeze(1), float("-inf"))
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # probability mass ranked above each token
-        p = torch.tensor(top_p, device=dev).unsqueeze(1)
+        p = to_device(top_p, torch.float, dev).unsqueeze(1)
         drop = (before >= p) & (p < 1.0)  # top_p = 1 keeps all (rounding can push the cumsum to 1 early)
         drop[:, 0] = False  # the most likely token always stays
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))

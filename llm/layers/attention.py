@@ -76,7 +76,7 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [tokens, heads, head_dim]
         paged_decode_attention(
             q[:nd], k_cache, v_cache, ctx.block_tables[:nd], ctx.seq_lens[:nd], self.scale,
-            sliding_window=self.sliding_window, softcap=self.softcap, out=out[:nd],
+            sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap, out=out[:nd],
         )  # fmt: skip
         out[nd:] = paged_prefill_attention(
             q[nd:], k_cache, v_cache, ctx.block_tables[nd:], ctx.prefill_cu_seqlens_q, ctx.seq_lens[nd:],
