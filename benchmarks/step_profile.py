@@ -41,6 +41,75 @@ def _profiled_steps(engine, steps: int) -> dict:
     }  # fmt: skip
 
 
+def host_costs(device: str = "cuda", calls: int = 300) -> dict:
+    """Host microseconds per call of each kernel wrapper (and of two torch ops for scale) on tiny inputs, where
+    the GPU work is negligible and a loop of calls runs at the host's launch rate: what an eager step pays per op."""
+    import kernels.attention as attn
+    import kernels.ops as ops
+
+    dt = torch.float16 if device == "cuda" else torch.float32
+    t, h, kvh, d, page = 8, 32, 32, 128, 16
+    x = torch.randn(t, 4096, device=device, dtype=dt)
+    w = torch.ones(4096, device=device, dtype=dt)
+    q = torch.randn(t, h, d, device=device, dtype=dt)
+    k = torch.randn(t, kvh, d, device=device, dtype=dt)
+    kc = torch.zeros(64, page, kvh, d, device=device, dtype=dt)
+    vc = torch.zeros_like(kc)
+    slots = torch.arange(t, device=device)
+    tables = torch.arange(t, device=device, dtype=torch.int32).view(t, 1)
+    lens = torch.full((t,), 1, device=device, dtype=torch.int32)
+    cu = torch.arange(t + 1, device=device, dtype=torch.int32)
+    cache = torch.randn(4096, d, device=device, dtype=torch.float32)
+    pos = torch.arange(t, device=device)
+    gate_up = torch.randn(t, 2 * 4096, device=device, dtype=dt)
+    wmat = torch.randn(4096, 4096, device=device, dtype=dt)
+    cases = {
+        "torch add": lambda: x + x,
+        "torch linear 4096x4096": lambda: torch.nn.functional.linear(x, wmat),
+        "rms_norm + residual": lambda: ops.rms_norm(x, w, 1e-5, x),
+        "rotary q,k": lambda: ops.apply_rotary(q, k, pos, cache),
+        "silu_and_mul": lambda: ops.silu_and_mul(gate_up),
+        "write_kv_cache": lambda: attn.write_kv_cache(k, k, kc, vc, slots),
+        "decode (1 split)": lambda: attn.paged_decode_attention(q, kc, vc, tables, lens, 0.1, num_splits=1),
+        "decode (4 splits + reduce)": lambda: attn.paged_decode_attention(q, kc, vc, tables, lens, 0.1, num_splits=4),
+        "prefill": lambda: attn.paged_prefill_attention(q, kc, vc, tables, cu, lens, 0.1, 1),
+    }
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    for name, fn in cases.items():
+        for _ in range(3):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = time.perf_counter() - t0
+        sync()
+        out[name] = host / calls * 1e6
+    return out
+
+
+def python_profile(engine, steps: int, before_step, top: int = 30) -> list[dict]:
+    """cProfile of `steps` engine steps (`before_step(i)` runs first, unprofiled): the functions with the most
+    own (tottime) host time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    for i in range(steps):
+        before_step(i)
+        prof.enable()
+        engine.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return [{"function": f"{Path(f).name}:{line}:{name}", "calls_per_step": nc / steps,
+             "own_ms_per_step": tt / steps * 1e3, "cum_ms_per_step": ct / steps * 1e3}
+            for (f, line, name), (_, nc, tt, ct, _) in rows]  # fmt: skip
+
+
 def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: int = 20) -> dict:
     """Where a step's time goes at `batch` running sequences: GPU kernel time vs the rest (host work:
     scheduling, batch building, launches, sampling, detokenizing), from torch.profiler. Two cases: pure
@@ -65,6 +134,22 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
     for i, r in enumerate(reqs[batch:]):
         engine.add_request(f"m{i}", (r.prompt_token_ids * 8)[:256], SamplingParams(max_tokens=1), stream=True)
         mixed.append(_profiled_steps(engine, 1))
+    unprofiled = []
+    for i, r in enumerate(reqs[batch:]):  # the same kind of step without the profiler's per-op cost
+        engine.add_request(f"u{i}", (r.prompt_token_ids * 8)[:256], SamplingParams(max_tokens=1), stream=True)
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        t0 = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        unprofiled.append((time.perf_counter() - t0) * 1e3)
+    result["decode_plus_prefill_256_unprofiled_ms"] = statistics.median(unprofiled)
+    add = (
+        lambda i: engine.add_request(  # noqa: E731
+            f"c{i}", (reqs[batch + i].prompt_token_ids * 8)[:256], SamplingParams(max_tokens=1), stream=True
+        )
+    )
+    result["decode_plus_prefill_256_python"] = python_profile(engine, steps, add)
+    result["host_us_per_call"] = host_costs("cuda" if torch.cuda.is_available() else "cpu")
     result["decode_plus_prefill_256"] = {
         "step_ms": statistics.median(m["step_ms"] for m in mixed),
         "gpu_kernel_ms": statistics.median(m["gpu_kernel_ms"] for m in mixed),

@@ -55,6 +55,23 @@ def timed(fn, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def flops_of(fn) -> float:
+    """Matmul and attention FLOPs of one call, as torch's FLOP counter sees them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def gemm_ceiling(device: str) -> float:
+    """TFLOP/s of one large bf16 matmul on this device: the ceiling a GEMM-bound tower can approach."""
+    n = 8192 if device == "cuda" else 256
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return 2 * n**3 / timed(lambda: a @ b, 10) / 1e12
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float(), b.float()
     return float((a - b).abs().max() / b.abs().max())
@@ -115,10 +132,12 @@ def bench_clip(shape, batches, device, iters):
            "hf_bf16_vs_hf_fp32": rel_err(hf(pixels.bfloat16()).last_hidden_state, want32)}  # fmt: skip
     graphs = GraphCache()
     first = lambda p: ours(p)[0]  # noqa: E731
+    one = pixels[:1].bfloat16()
+    flops = flops_of(lambda: hf(one))
     for batch in batches:
         x = torch.randn(batch, 3, shape["image_size"], shape["image_size"], device=device, dtype=torch.bfloat16)
         rows.append(compare(batch, iters, lambda x=x: hf(x), lambda x=x: first(x), graphs, x, fn=first))
-    return {"errors": err, "rows": rows}
+    return {"errors": err, "rows": rows, "gflop_per_image": flops / 1e9}
 
 
 def merged(out) -> torch.Tensor:
@@ -145,6 +164,8 @@ def bench_qwen(shape, batches, side, device, iters):
     hf = hf32.to(torch.bfloat16)  # in place
     err = {"ours_bf16_vs_hf_fp32": rel_err(ours(pixels.bfloat16(), grid), want32),
            "hf_bf16_vs_hf_fp32": rel_err(merged(hf(pixels.bfloat16(), grid_thw=grid)), want32)}  # fmt: skip
+    one, one_grid = qwen_inputs(1, side, shape["patch_size"], device)
+    flops = flops_of(lambda: hf(one.bfloat16(), grid_thw=one_grid))
     rows = []
     graphs = GraphCache()
     for batch in batches:
@@ -154,7 +175,7 @@ def bench_qwen(shape, batches, side, device, iters):
         encode = functools.partial(ours.encode, max_full=plan.max_full, max_win=plan.max_win)
         rows.append(compare(batch, iters, lambda x=x, g=g: hf(x, grid_thw=g), lambda x=x, g=g: ours(x, g), graphs,
                             x, *plan.tensors(), fn=encode))  # fmt: skip
-    return {"errors": err, "rows": rows}
+    return {"errors": err, "rows": rows, "gflop_per_image": flops / 1e9}
 
 
 def end_to_end(family: str, device: str, smoke: bool) -> dict:
@@ -194,25 +215,36 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
 
 
 def markdown(res: dict) -> str:
+    nan = float("nan")
     lines = [f"# Vision towers on {res['device']}", "",
              f"{res['date']}; torch {res['torch']}, triton {res['triton']}, transformers {res['transformers']}, "
-             f"python {res['python']}. bf16, random weights; images/s = batch / median forward time.", ""]  # fmt: skip
+             f"python {res['python']}. bf16, random weights; images/s = batch / median forward time.",
+             "", f"FLOP ceiling: one large (8192^3 on a GPU) bf16 matmul runs at {res.get('gemm_tflops', nan):.0f} "
+             "TFLOP/s "
+             "on this device in the same run; `of ceiling` is the best of ours (eager or graph) in TFLOP/s over it "
+             "(FLOPs per image from torch's FLOP counter on the transformers tower).", ""]  # fmt: skip
     for name, title in (("clip", "CLIP ViT-L/336 (577 tokens/image)"), ("qwen", "Qwen2-VL ViT 675M, 448x448 images")):
         part = res.get(name)
         if not part or "rows" not in part:
             lines += [f"## {title}", "", f"failed: {part}", ""]
             continue
         e = part["errors"]
+        gflop = part.get("gflop_per_image", float("nan"))
+        ceiling = res.get("gemm_tflops", float("nan"))
         lines += [f"## {title}", "",
                   f"max rel err vs transformers fp32: ours bf16 {e['ours_bf16_vs_hf_fp32']:.2e}, "
-                  f"transformers bf16 {e['hf_bf16_vs_hf_fp32']:.2e}", "",
-                  "| images | transformers img/s | ours eager img/s | ours CUDA graph img/s | eager x | graph x |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  f"transformers bf16 {e['hf_bf16_vs_hf_fp32']:.2e}; {gflop:.0f} GFLOP per image", "",
+                  "| images | transformers img/s | ours eager img/s | ours CUDA graph img/s | eager x | graph x "
+                  "| ours TFLOP/s | of ceiling | ceiling img/s |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in part["rows"]:
             g = r.get("ours_graph_img_s", float("nan"))
+            best = max(r["ours_eager_img_s"], g if g == g else 0.0)
+            tflops = best * gflop / 1e3
             lines.append(
                 f"| {r['batch']} | {r['hf_img_s']:.1f} | {r['ours_eager_img_s']:.1f} | {g:.1f} | "
-                f"{r['ours_eager_img_s'] / r['hf_img_s']:.2f}x | {g / r['hf_img_s']:.2f}x |"
+                f"{r['ours_eager_img_s'] / r['hf_img_s']:.2f}x | {g / r['hf_img_s']:.2f}x | {tflops:.0f} | "
+                f"{tflops / ceiling:.2f} | {ceiling * 1e3 / gflop:.0f} |"
             )
         lines.append("")
     for family in ("llava", "qwen2-vl"):
@@ -243,6 +275,7 @@ def main() -> None:
            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
            "python": platform.python_version()}  # fmt: skip
     iters = 3 if args.smoke else 20
+    res["gemm_tflops"] = gemm_ceiling(device)
     jobs = {
         "clip": lambda: bench_clip(SMOKE_CLIP if args.smoke else CLIP_L336, [1, 2] if args.smoke else [1, 8, 32],
                                    device, iters),
