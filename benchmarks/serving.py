@@ -61,7 +61,8 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
     with random:
         engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                           max_num_batched_tokens=args.max_num_batched_tokens,
-                                          enforce_eager=args.enforce_eager)  # fmt: skip
+                                          enforce_eager=args.enforce_eager,
+                                          prefill_delay_steps=args.prefill_delay_steps)  # fmt: skip
 
     async def one(i, req, rec):
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
@@ -228,6 +229,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--prefill-delay-steps", type=int, default=None,
+                   help="SchedulerConfig.prefill_delay_steps (default: the engine's; 0 admits at once)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile-batch", type=int, default=0, help="also profile engine steps at this batch")
     p.add_argument("--profile-only", action="store_true", help="skip the load test, only profile")

@@ -60,16 +60,30 @@ class SchedulerConfig:
             of it are prefilled in chunks, mixed with the decodes of running sequences.
         enable_chunked_prefill: split long prompts over several steps; when off, a prompt
             must fit the budget whole (the budget is then raised to max_model_len).
+        prefill_delay_steps: while sequences are decoding, newly arrived prompts may wait up to
+            this many steps so that several are prefilled in one step. A step that prefills runs
+            eagerly while a decode-only step replays a CUDA graph, so under a steady stream of
+            arrivals admitting each prompt at once turns almost every step into a slow mixed one;
+            holding them a few steps trades a little time to first token for throughput. None: 8
+            when decode steps replay CUDA graphs, else 0 (admit at once).
+        prefill_batch_tokens: held prompts are admitted as soon as they bring this many prompt
+            tokens together (None: a quarter of max_num_batched_tokens).
     """
 
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    prefill_delay_steps: int | None = None
+    prefill_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         _check(self.max_num_batched_tokens >= 1,
                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")  # fmt: skip
+        _check(self.prefill_delay_steps is None or self.prefill_delay_steps >= 0,
+               f"prefill_delay_steps must be None or >= 0, got {self.prefill_delay_steps}")  # fmt: skip
+        _check(self.prefill_batch_tokens is None or self.prefill_batch_tokens >= 1,
+               f"prefill_batch_tokens must be None or >= 1, got {self.prefill_batch_tokens}")  # fmt: skip
 
 
 @dataclass(slots=True)

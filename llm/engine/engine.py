@@ -62,7 +62,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(sched, self.block_manager)
+        # hold prefills for company only where decode steps are cheap graph replays (SchedulerConfig)
+        self.scheduler = Scheduler(sched, self.block_manager, prefill_delay_steps=8 if self.runner.graphs else 0)
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet

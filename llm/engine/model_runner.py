@@ -22,7 +22,7 @@ from llm.engine.context import AttentionMetadata, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
-from llm.engine.transfer import to_device
+from llm.engine.transfer import padded_rows, to_device
 from llm.errors import InvalidRequestError, ModelLoadError
 from llm.layers.attention import Attention
 from llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
@@ -166,23 +166,28 @@ class ModelRunner:
         input_ids, slots, seq_lens, context_lens, cu_q, sample_rows = [], [], [], [], [0], []
         positions: list = [[], [], []] if self.uses_mrope else []
         bs = self.block_size
+        mrope = self.uses_mrope
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
-            input_ids.extend(seq.token_ids[start:end])
-            pos = self._positions(seq, start, end)
-            if self.uses_mrope:
-                for axis in range(3):
-                    positions[axis].extend(pos[axis])
+            if end - start == 1 and not mrope:  # a decode row: the common case, kept lean
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(seq.block_table[start // bs] * bs + start % bs)
             else:
-                positions.extend(pos)
-            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+                input_ids.extend(seq.token_ids[start:end])
+                pos = self._positions(seq, start, end)
+                if mrope:
+                    for axis in range(3):
+                        positions[axis].extend(pos[axis])
+                else:
+                    positions.extend(pos)
+                slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
             seq_lens.append(end)
             context_lens.append(start)
             cu_q.append(cu_q[-1] + end - start)
             if seq.samples_this_step:
                 sample_rows.append(cu_q[-1] - 1)
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        tables = padded_rows([s.block_table for s in seqs])
         dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
         num_decode = _leading_one_token_seqs(seqs) if max_q > 1 else 0

@@ -114,7 +114,9 @@ class Sampler:
         dev = logits.device
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [rows, vocab]
         ranks = torch.arange(vocab, device=dev).unsqueeze(0)
-        sorted_logits = sorted_logits.masked_fill(ranks >= to_device(top_k, torch.long, dev).unsqueeze(1), float("-inf"))
+        sorted_logits = sorted_logits.masked_fill(
+            ranks >= to_device(top_k, torch.long, dev).unsqueeze(1), float("-inf")
+        )
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # probability mass ranked above each token
         p = to_device(top_p, torch.float, dev).unsqueeze(1)

@@ -11,6 +11,12 @@ Plain Python, no tensors. Each step has a token budget (`max_num_batched_tokens`
    budget, `max_num_seqs` and free blocks allow; a cached prefix is reused and the
    rest of the prompt is chunked into what is left of the budget.
 Prefill chunks and decodes share one forward pass.
+
+Prefill hold (`prefill_delay_steps` > 0): when step 1 scheduled only decodes, waiting
+sequences are admitted only once the oldest has waited that many steps or together
+they bring `prefill_batch_tokens` tokens, so that several prompts share one (eager,
+slower) mixed step instead of each turning a graph-replayed decode step into one.
+With nothing decoding, or a prefill already in the step, they are admitted at once.
 """
 
 from __future__ import annotations
@@ -23,23 +29,45 @@ from llm.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, prefill_delay_steps: int = 0) -> None:
+        """`prefill_delay_steps`: used when the config leaves it None (the engine's choice for its device)."""
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
+        delay = config.prefill_delay_steps
+        self.prefill_delay_steps = prefill_delay_steps if delay is None else delay
+        self.prefill_batch_tokens = config.prefill_batch_tokens or max(1, self.max_num_batched_tokens // 4)
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_steps = 0
+        self._waiting_since: dict[int, int] = {}  # seq_id -> the step count when it (re-)entered waiting
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._waiting_since[seq.seq_id] = self.num_steps
+
+    def _hold_prefills(self, scheduled: list[Sequence]) -> bool:
+        """True when this step decodes only and the waiting prompts should wait for company (module doc)."""
+        if not self.prefill_delay_steps or not scheduled or any(s.num_new_tokens > 1 for s in scheduled):
+            return False
+        oldest = min(self._waiting_since.get(s.seq_id, 0) for s in self.waiting)
+        if self.num_steps - oldest >= self.prefill_delay_steps:
+            return False
+        tokens = 0
+        for s in self.waiting:
+            tokens += len(s) - s.num_computed_tokens
+            if tokens >= self.prefill_batch_tokens:
+                return False
+        return True
 
     def schedule(self) -> list[Sequence]:
         """Pick this step's sequences and set their `num_new_tokens` (and blocks)."""
+        self.num_steps += 1
         budget = self.max_num_batched_tokens
         scheduled: list[Sequence] = []
         preempted = False
@@ -61,7 +89,8 @@ class Scheduler:
             scheduled.append(seq)
             budget -= num_new
             i += 1
-        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+        hold = bool(self.waiting) and self._hold_prefills(scheduled)
+        while self.waiting and not (preempted or hold) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             prefix = self.block_manager.match_prefix(seq)
             num_computed = len(prefix) * self.block_manager.block_size
@@ -72,6 +101,7 @@ class Scheduler:
             if not self.block_manager.can_allocate(seq, num_computed + num_new, prefix):
                 break
             self.waiting.popleft()
+            self._waiting_since.pop(seq.seq_id, None)
             self.block_manager.allocate(seq, num_computed + num_new, prefix)
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = num_computed
@@ -99,6 +129,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self._waiting_since.pop(seq.seq_id, None)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
 
@@ -106,4 +137,5 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
+        self._waiting_since[seq.seq_id] = self.num_steps
         self.num_preemptions += 1

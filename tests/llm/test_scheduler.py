@@ -156,3 +156,57 @@ def test_random_workload_keeps_block_accounting_exact():
         sched.finish(s)
     check_invariants(sched)
     assert sched.block_manager.num_free_blocks == 24 and sched.num_preemptions > 0 and hits > 0
+
+
+def decoding(sched: Scheduler, n: int) -> list[Sequence]:
+    """`n` sequences admitted and prefilled: every later step of theirs is a one-token decode."""
+    seqs = [seq(3, start=10 * i) for i in range(n)]
+    for s in seqs:
+        sched.add(s)
+    run_step(sched)
+    return seqs
+
+
+def test_prefill_hold_waits_for_company_then_admits_together():
+    sched = make(max_num_batched_tokens=64, prefill_delay_steps=3, prefill_batch_tokens=10)
+    decoding(sched, 2)
+    late = seq(4, start=500)
+    sched.add(late)
+    assert late not in run_step(sched)  # decode-only step: the arrival waits
+    other = seq(6, start=600)
+    sched.add(other)  # 4 + 6 tokens reach prefill_batch_tokens: both go now, in one step
+    step = run_step(sched)
+    assert late in step and other in step
+
+
+def test_prefill_hold_never_waits_longer_than_the_delay():
+    sched = make(max_num_batched_tokens=64, prefill_delay_steps=3, prefill_batch_tokens=100)
+    decoding(sched, 2)
+    late = seq(4, start=500)
+    sched.add(late)
+    waited = 0
+    while late not in run_step(sched):
+        waited += 1
+    assert waited == 2  # admitted in the third step after it arrived
+
+
+def test_prefill_hold_admits_at_once_with_nothing_decoding_or_a_prefill_in_the_step():
+    sched = make(max_num_batched_tokens=16, prefill_delay_steps=3, prefill_batch_tokens=100)
+    first = seq(3)
+    sched.add(first)
+    assert run_step(sched) == [first]  # nothing decoding: no reason to wait
+    long = seq(20, start=100)
+    sched.add(long)
+    assert run_step(sched) == [first] and run_step(sched) == [first]  # held two steps, admitted in the third
+    assert run_step(sched) == [first, long] and long.num_computed_tokens == 15  # first chunk
+    follower = seq(2, start=400)
+    sched.add(follower)
+    assert run_step(sched) == [first, long, follower]  # the step prefills anyway: no hold
+
+
+def test_prefill_hold_is_off_by_default_without_graphs():
+    sched = make(max_num_batched_tokens=64)
+    decoding(sched, 2)
+    late = seq(4, start=500)
+    sched.add(late)
+    assert late in run_step(sched)
