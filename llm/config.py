@@ -64,7 +64,7 @@ class SchedulerConfig:
             this many steps so that several are prefilled in one step. A step that prefills runs
             eagerly while a decode-only step replays a CUDA graph, so under a steady stream of
             arrivals admitting each prompt at once turns almost every step into a slow mixed one;
-            holding them a few steps trades a little time to first token for throughput. None: 8
+            holding them a few steps trades a little time to first token for throughput. None: 16
             when decode steps replay CUDA graphs, else 0 (admit at once).
         prefill_batch_tokens: held prompts are admitted as soon as they bring this many prompt
             tokens together (None: a quarter of max_num_batched_tokens).

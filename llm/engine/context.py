@@ -63,8 +63,12 @@ class AttentionMetadata:
     context_lens: torch.Tensor | None = None
     num_splits: int | None = None
     num_decode_seqs: int = 0
-    # derived in __post_init__ for a mixed step: the prefill sequences' cu_seqlens_q, rebased to 0
+    # derived in __post_init__ for a mixed step: the prefill sequences' cu_seqlens_q (rebased to 0), seq_lens
+    # and block tables, as fresh tensors: a slice at an odd row would give the kernels a pointer of another
+    # alignment, and Triton compiles a new variant for it in the middle of serving
     prefill_cu_seqlens_q: torch.Tensor | None = None
+    prefill_seq_lens: torch.Tensor | None = None
+    prefill_block_tables: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.slot_mapping.dim() != 1:
@@ -85,7 +89,10 @@ class AttentionMetadata:
         if self.num_decode_seqs == self.batch_size:
             self.num_decode_seqs = 0  # all one-token rows: nothing to split (the step could have been a decode)
         if self.num_decode_seqs:
-            self.prefill_cu_seqlens_q = self.cu_seqlens_q[self.num_decode_seqs :] - self.num_decode_seqs
+            nd = self.num_decode_seqs
+            self.prefill_cu_seqlens_q = self.cu_seqlens_q[nd:] - nd
+            self.prefill_seq_lens = self.seq_lens[nd:].clone()
+            self.prefill_block_tables = self.block_tables[nd:].clone()
 
     @property
     def batch_size(self) -> int:

@@ -63,7 +63,7 @@ class LLMEngine:
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
         # hold prefills for company only where decode steps are cheap graph replays (SchedulerConfig)
-        self.scheduler = Scheduler(sched, self.block_manager, prefill_delay_steps=8 if self.runner.graphs else 0)
+        self.scheduler = Scheduler(sched, self.block_manager, prefill_delay_steps=16 if self.runner.graphs else 0)
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet

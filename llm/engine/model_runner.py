@@ -30,6 +30,7 @@ from llm.weights import load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
+TABLE_WIDTH_MULTIPLE = 16  # block tables are padded to a multiple of this many columns
 _MM_EMBED_CACHE = 32  # image embeddings kept by content hash (a prompt's chunks reuse them)
 
 
@@ -86,8 +87,49 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs.capture(
-                self.model, self.device, self.buckets, self.max_blocks, self.uses_mrope, self.decode_splits
+                self.model,
+                self.device,
+                self.buckets,
+                -(-self.max_blocks // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE,
+                self.uses_mrope,
+                self.decode_splits,
             )
+        if self.device.type == "cuda":
+            self._compile_step_kernels()
+
+    @torch.inference_mode()
+    def _compile_step_kernels(self) -> None:
+        """Run one mixed step (a decode row and a prefill of a few blocks) on scratch blocks, then zero them:
+        Triton compiles the eager step's kernels now instead of while the first requests wait."""
+        bs, n = self.block_size, 2 * self.block_size + 3
+        blocks = 1 + -(-n // bs)
+        if self.num_blocks < blocks:
+            return
+        dev = self.device
+        meta = AttentionMetadata(
+            is_prefill=True,
+            slot_mapping=to_device([0, *range(bs, bs + n)], torch.long, dev),
+            block_tables=to_device(padded_rows([[0], list(range(1, blocks))], multiple=TABLE_WIDTH_MULTIPLE),
+                                   torch.int32, dev),
+            seq_lens=to_device([1, n], torch.int32, dev),
+            cu_seqlens_q=to_device([0, 1, n + 1], torch.int32, dev),
+            max_seqlen_q=n,
+            max_seqlen_k=n,
+            context_lens=to_device([0, 0], torch.int32, dev),
+            num_splits=self.decode_splits(1),
+            num_decode_seqs=1,
+        )  # fmt: skip
+        positions = torch.tensor([0, *range(n)], device=dev)
+        if self.uses_mrope:
+            positions = positions.expand(3, n + 1)
+        with use_context(meta):
+            hidden = self.model(torch.zeros(n + 1, dtype=torch.long, device=dev), positions)
+        self.model.compute_logits(hidden[-2:])
+        for k, v in self.kv_caches:
+            k[:blocks].zero_()
+            v[:blocks].zero_()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     # -- memory -------------------------------------------------------------
 
@@ -187,7 +229,8 @@ class ModelRunner:
             cu_q.append(cu_q[-1] + end - start)
             if seq.samples_this_step:
                 sample_rows.append(cu_q[-1] - 1)
-        tables = padded_rows([s.block_table for s in seqs])
+        # a width that is a multiple of 16 keeps the row stride in one Triton specialization class
+        tables = padded_rows([s.block_table for s in seqs], multiple=TABLE_WIDTH_MULTIPLE)
         dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
         num_decode = _leading_one_token_seqs(seqs) if max_q > 1 else 0

@@ -79,7 +79,7 @@ class Attention(nn.Module):
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap, out=out[:nd],
         )  # fmt: skip
         out[nd:] = paged_prefill_attention(
-            q[nd:], k_cache, v_cache, ctx.block_tables[nd:], ctx.prefill_cu_seqlens_q, ctx.seq_lens[nd:],
+            q[nd:], k_cache, v_cache, ctx.prefill_block_tables, ctx.prefill_cu_seqlens_q, ctx.prefill_seq_lens,
             self.scale, ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
         )  # fmt: skip
         return out

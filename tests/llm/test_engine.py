@@ -194,3 +194,13 @@ def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference):
     full_blocks = 4 * ((len(prompts[5]) - 1) // 4)
     assert [s.num_cached_prompt_tokens for s in seqs[1:]] == [full_blocks, full_blocks]
     engine.abort("shared")
+
+
+def test_start_up_mixed_step_leaves_the_cache_clean_and_outputs_unchanged(model_dir, prompts, reference):
+    # On CUDA the runner runs one scratch mixed step at start (Triton compiles its kernels then); here it
+    # is run by hand on the CPU: it must leave no K/V behind and change no later output.
+    llm = make_llm(model_dir)
+    runner = llm.engine.runner
+    runner._compile_step_kernels()
+    assert all(not k.any() and not v.any() for k, v in runner.kv_caches)
+    assert tokens(llm.generate(prompts, GREEDY)) == reference
