@@ -192,7 +192,9 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
     import transformers
 
     processor = AutoProcessor.from_pretrained(model_dir)
-    hf = getattr(transformers, hf_cls).from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    hf_class = getattr(transformers, hf_cls)
+    hf32 = hf_class.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    hf = hf_class.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
     llm = LLM(str(model_dir), dtype="bfloat16", device=device, num_blocks=256, block_size=16)
     model = llm.engine.runner.model
     convs = references.conversations(lambda seed: references.image(seed, (448, 336)))
@@ -200,17 +202,31 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     names = ["one_image", "two_images", "second_turn", "text_only"]
     got = llm.generate([convs[n] for n in names], params)  # one mixed batch
-    for name, result in zip(names, got, strict=True):
-        prompt = type(model).process_prompt(processor, convs[name], {})
-        inputs = references.hf_inputs_for(family, prompt, device)
+
+    def generate(reference, inputs):
         try:
-            tokens, logits = references.hf_generate(hf, inputs, 8)
+            return references.hf_generate(reference, inputs, 8)
         except TypeError:  # transformers versions that compute M-RoPE without mm_token_type_ids
             inputs.pop("mm_token_type_ids", None)
-            tokens, logits = references.hf_generate(hf, inputs, 8)
+            return references.hf_generate(reference, inputs, 8)
+
+    def agreeing(a, b) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), 8)
+
+    for name, result in zip(names, got, strict=True):
+        prompt = type(model).process_prompt(processor, convs[name], {})
+        tokens, logits = generate(hf, references.hf_inputs_for(family, prompt, device))
+        tokens32, logits32 = generate(hf32, references.hf_inputs_for(family, prompt, device))
         ours = references.our_prompt_logits(model, prompt, device=device)
-        agree = next((i for i, (a, b) in enumerate(zip(tokens, result.token_ids, strict=True)) if a != b), 8)
-        out[name] = {"logits_rel_err_vs_hf_bf16": rel_err(ours, logits), "greedy_tokens_agreeing": agree}
+        out[name] = {
+            "logits_rel_err_vs_hf_bf16": rel_err(ours, logits),
+            "greedy_tokens_agreeing": agreeing(tokens, result.token_ids),
+            # both bf16 runs against the fp32 reference: is ours as close to it as transformers in bf16?
+            "ours_bf16_logits_rel_err_vs_fp32": rel_err(ours, logits32),
+            "hf_bf16_logits_rel_err_vs_fp32": rel_err(logits, logits32),
+            "ours_bf16_tokens_agreeing_with_fp32": agreeing(tokens32, result.token_ids),
+            "hf_bf16_tokens_agreeing_with_fp32": agreeing(tokens32, tokens),
+        }
     return out
 
 
@@ -253,10 +269,18 @@ def markdown(res: dict) -> str:
         if not isinstance(part, dict) or "one_image" not in part:
             lines += [f"failed: {part}", ""]
             continue
-        lines += ["| conversation | prompt logits rel err vs transformers bf16 | greedy tokens agreeing (of 8) |",
-                  "|---|---|---|"]  # fmt: skip
+        lines += ["| conversation | logits rel err: ours bf16 vs transformers bf16 | greedy tokens agreeing (of 8) "
+                  "| vs fp32: ours bf16 logits err | transformers bf16 logits err | ours bf16 tokens agreeing "
+                  "| transformers bf16 tokens agreeing |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
         for name, r in part.items():
-            lines.append(f"| {name} | {r['logits_rel_err_vs_hf_bf16']:.2e} | {r['greedy_tokens_agreeing']} |")
+            lines.append(
+                f"| {name} | {r['logits_rel_err_vs_hf_bf16']:.2e} | {r['greedy_tokens_agreeing']} | "
+                f"{r.get('ours_bf16_logits_rel_err_vs_fp32', nan):.2e} | "
+                f"{r.get('hf_bf16_logits_rel_err_vs_fp32', nan):.2e} | "
+                f"{r.get('ours_bf16_tokens_agreeing_with_fp32', '-')} | "
+                f"{r.get('hf_bf16_tokens_agreeing_with_fp32', '-')} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
