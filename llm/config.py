@@ -98,6 +98,11 @@ class EngineConfig:
         device: "auto" picks CUDA when present.
         max_model_len: context limit; default from the config and its RoPE scaling.
         enforce_eager: never capture CUDA graphs.
+        async_scheduling: schedule and launch step N+1 before step N's tokens reach the host
+            (decode rows take their input token from the device), so the GPU does not wait for
+            the host between steps. A sequence whose in-flight token may end it costs one wasted
+            row; one that needs its output history to sample (penalties, min_tokens) waits a
+            step. None: on for CUDA, off on the CPU (where the forward pass is synchronous).
         kernel_backend: "auto" | "triton" | "torch", passed to kernels.settings.set_backend;
             None keeps the process's setting (VLCHAT_KERNEL_BACKEND, default auto).
         seed: seeds the engine's generator used by unseeded sampling requests.
@@ -110,6 +115,7 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int | None = None
     enforce_eager: bool = False
+    async_scheduling: bool | None = None
     kernel_backend: str | None = None
     seed: int = 0
     served_model_name: str | None = None

@@ -66,14 +66,16 @@ class BlockManager:
         """Register the hashes of seq's blocks that became full and computed."""
         if not self.enable_prefix_caching:
             return
-        for i in range(seq.num_hashed_blocks, seq.num_computed_tokens // self.block_size):
+        # a block whose last token is still on the device (async scheduling) is hashed once it arrives
+        full = min(seq.num_computed_tokens, len(seq)) // self.block_size
+        for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 h = seq.block_hash(i)
                 if h not in self.hash_to_block:  # else an identical block is already cached
                     block.hash = h
                     self.hash_to_block[h] = block.block_id
-        seq.num_hashed_blocks = max(seq.num_hashed_blocks, seq.num_computed_tokens // self.block_size)
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     # -- allocation ---------------------------------------------------------
 

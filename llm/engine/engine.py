@@ -64,6 +64,9 @@ class LLMEngine:
         )
         # hold prefills for company only where decode steps are cheap graph replays (SchedulerConfig)
         self.scheduler = Scheduler(sched, self.block_manager, prefill_delay_steps=16 if self.runner.graphs else 0)
+        self.async_scheduling = (
+            self.runner.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+        )
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet
@@ -150,19 +153,29 @@ class LLMEngine:
         cheap stop checks run), the next step is scheduled and launched on the device, and while it
         computes, the collected tokens are detokenized (stop strings) and reported. So the outputs
         returned by a call are those of the step launched by the call before it.
+
+        With async scheduling the next step is scheduled and launched *before* the previous one is
+        collected: its decode rows read their input token from the device, so the GPU never waits
+        for the host between steps. A row whose in-flight token turns out to end its sequence (EOS,
+        a stop id or string) is computed for nothing and dropped when collected.
         """
-        if self._inflight is not None:
-            samplers, pending = self._inflight
-            self._inflight = None
-            self._collect(samplers, pending.result())
+        previous, self._inflight = self._inflight, None
+        if previous is not None and not self.async_scheduling:
+            self._collect(*previous)
+            previous = None
         seqs = self.scheduler.schedule()
         if seqs:
             samplers = [s for s in seqs if s.samples_this_step]
             self._inflight = (samplers, self.runner.launch(seqs))
             self.scheduler.update(seqs)
+            for seq in samplers:
+                seq.num_pending += 1
+        if previous is not None:  # async scheduling: the step above was queued before this one's tokens arrived
+            self._collect(*previous)
         return self._report()
 
-    def _collect(self, samplers: list[Sequence], result) -> None:
+    def _collect(self, samplers: list[Sequence], pending) -> None:
+        result = pending.result()  # waits for that step's tokens
         eos = set(self.eos_token_ids)
         for seq, token_id, logprobs in zip(samplers, result.token_ids, result.logprobs, strict=True):
             request = self.requests.get(seq.request_id)

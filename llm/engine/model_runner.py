@@ -77,6 +77,8 @@ class ModelRunner:
         vocab = getattr(hf_config, "vocab_size", None) or hf_config.get_text_config().vocab_size
         self.sampler = Sampler(eos_token_ids, vocab, self.device, seed=config.seed)
         self._mm_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._sampled_tokens: torch.Tensor | None = None  # the last launched step's tokens, on the device
+        self._sampled_rows: dict[int, int] = {}  # seq_id -> row of _sampled_tokens
         if self.device.type == "cuda":
             self._warm_up(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs)
         self.num_blocks = self._num_blocks(config)
@@ -206,17 +208,21 @@ class ModelRunner:
 
     def _prepare(self, seqs: list[Sequence]):
         input_ids, slots, seq_lens, context_lens, cu_q, sample_rows = [], [], [], [], [0], []
+        on_device: list[tuple[int, int]] = []  # (input row, seq_id): tokens the previous step sampled
         positions: list = [[], [], []] if self.uses_mrope else []
         bs = self.block_size
         mrope = self.uses_mrope
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
+            if end > len(seq.token_ids):  # its last token is still on the device (async scheduling)
+                on_device.append((len(input_ids) + end - start - 1, seq.seq_id))
             if end - start == 1 and not mrope:  # a decode row: the common case, kept lean
-                input_ids.append(seq.token_ids[start])
+                input_ids.append(seq.token_ids[start] if start < len(seq.token_ids) else 0)
                 positions.append(start)
                 slots.append(seq.block_table[start // bs] * bs + start % bs)
             else:
                 input_ids.extend(seq.token_ids[start:end])
+                input_ids.extend([0] * (end - start - len(seq.token_ids[start:end])))
                 pos = self._positions(seq, start, end)
                 if mrope:
                     for axis in range(3):
@@ -248,6 +254,11 @@ class ModelRunner:
             num_decode_seqs=num_decode,
         )
         ids = to_device(input_ids, torch.long, dev)
+        if on_device:
+            rows_of = self._sampled_rows
+            dst = to_device([row for row, _ in on_device], torch.long, dev)
+            src = to_device([rows_of[seq_id] for _, seq_id in on_device], torch.long, dev)
+            ids.index_copy_(0, dst, self._sampled_tokens.index_select(0, src))
         pos = to_device(positions, torch.long, dev)
         return ids, pos, meta, sample_rows
 
@@ -298,7 +309,10 @@ class ModelRunner:
             return PendingSample(None, None, [])
         rows = to_device(sample_rows, torch.long, hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [samplers, vocab] fp32
-        return self.sampler.sample(logits, samplers)
+        pending = self.sampler.sample(logits, samplers)
+        # the next step may start before these tokens reach the host: it reads them from here
+        self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(samplers)}
+        return pending
 
     def close(self) -> None:
         reset_context()

@@ -74,7 +74,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(len(seq) - seq.num_computed_tokens, budget)
+            if seq.num_pending and not self._can_run_ahead(seq):
+                i += 1
+                continue
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             target = seq.num_computed_tokens + num_new
             while not self.block_manager.can_allocate(seq, target):
                 victim = self.running.pop()
@@ -92,6 +95,8 @@ class Scheduler:
         hold = bool(self.waiting) and self._hold_prefills(scheduled)
         while self.waiting and not (preempted or hold) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending:
+                break  # preempted with a token in flight: admitted once it arrives
             prefix = self.block_manager.match_prefix(seq)
             num_computed = len(prefix) * self.block_manager.block_size
             remaining = len(seq) - num_computed
@@ -113,6 +118,15 @@ class Scheduler:
         # one-token sequences (decodes) first: attention runs them on the split-k decode kernel
         scheduled.sort(key=lambda s: s.num_new_tokens > 1)
         return scheduled
+
+    @staticmethod
+    def _can_run_ahead(seq: Sequence) -> bool:
+        """A sequence whose last token is still on the device may run its next step now, unless that token
+        surely ends it (max_tokens) or its sampling reads the output history (penalties, min_tokens)."""
+        params = seq.params
+        if seq.max_tokens is not None and seq.num_output_tokens + seq.num_pending >= seq.max_tokens:
+            return False
+        return not (params.uses_penalties or seq.num_output_tokens + seq.num_pending <= params.min_tokens)
 
     def update(self, scheduled: list[Sequence]) -> None:
         """After the forward pass: the scheduled tokens' K/V is in the cache."""

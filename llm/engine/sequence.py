@@ -49,6 +49,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.num_cached_prompt_tokens = 0  # of those, how many came from the prefix cache
         self.num_new_tokens = 0  # tokens scheduled this step
+        self.num_pending = 0  # tokens sampled by a launched step that have not reached the host yet (0 or 1)
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -58,6 +59,11 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the sequence including the one still on the device (async scheduling)."""
+        return len(self.token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:
@@ -79,10 +85,11 @@ class Sequence:
     @property
     def samples_this_step(self) -> bool:
         """The scheduled tokens reach the end of the sequence, so its last row yields a new token."""
-        return self.num_computed_tokens + self.num_new_tokens == len(self.token_ids)
+        return self.num_computed_tokens + self.num_new_tokens == self.num_tokens
 
     def append_token(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
         self.token_ids.append(token_id)
+        self.num_pending = max(0, self.num_pending - 1)
         if logprobs is not None:
             self.logprobs.append(logprobs)
 

@@ -48,8 +48,20 @@ def reference(model_dir, prompts):
     return [hf_greedy(hf, p, 16) for p in prompts]
 
 
+_MODE = {"async_scheduling": False}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["sync", "async"])
+def scheduling_mode(request):
+    """Every engine test runs twice: steps collected before the next is scheduled, and async scheduling
+    (step N+1 launched before step N's tokens reach the host, its inputs read from the device)."""
+    _MODE["async_scheduling"] = request.param
+    yield request.param
+    _MODE["async_scheduling"] = False
+
+
 def make_llm(model_dir, **options) -> LLM:
-    options = {"block_size": 4, "num_blocks": 256, **options}
+    options = {"block_size": 4, "num_blocks": 256, **_MODE, **options}
     return LLM(str(model_dir), dtype="float32", device="cpu", **options)
 
 
@@ -179,7 +191,7 @@ def test_repetition_penalty_matches_transformers_logits_processor(model_dir, pro
     assert out[0].token_ids != reference[3][:10]  # the penalty changed the greedy path
 
 
-def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference):
+def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference, scheduling_mode):
     llm = make_llm(model_dir)
     out = llm.generate([prompts[5]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, n=3))[0]
     assert [c.token_ids for c in out.outputs] == [reference[5]] * 3 and [c.index for c in out.outputs] == [0, 1, 2]
@@ -191,6 +203,8 @@ def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference):
     assert [s.num_output_tokens for s in seqs] == [0, 0, 0]  # its token is still on the device
     engine.step()  # collects that token; the siblings are scheduled on the cached prompt blocks
     assert [s.num_output_tokens for s in seqs] == [1, 0, 0]
+    if scheduling_mode:  # async: the second step was scheduled before the token arrived; they join the third
+        engine.step()
     full_blocks = 4 * ((len(prompts[5]) - 1) // 4)
     assert [s.num_cached_prompt_tokens for s in seqs[1:]] == [full_blocks, full_blocks]
     engine.abort("shared")

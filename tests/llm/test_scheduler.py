@@ -210,3 +210,24 @@ def test_prefill_hold_is_off_by_default_without_graphs():
     late = seq(4, start=500)
     sched.add(late)
     assert late in run_step(sched)
+
+
+def test_a_token_in_flight_runs_ahead_unless_it_must_end_or_sampling_needs_history():
+    sched = make(max_num_batched_tokens=64)
+    plain = Sequence("a", MultiModalPrompt([5, 6, 7]), SamplingParams(max_tokens=8), BS)
+    last = Sequence("b", MultiModalPrompt([5, 6, 7]), SamplingParams(max_tokens=1), BS)
+    penalized = Sequence("c", MultiModalPrompt([5, 6, 7]), SamplingParams(max_tokens=8, repetition_penalty=1.2), BS)
+    early = Sequence("d", MultiModalPrompt([5, 6, 7]), SamplingParams(max_tokens=8, min_tokens=2), BS)
+    seqs = [plain, last, penalized, early]
+    for s in seqs:
+        sched.add(s)
+    sched.update(sched.schedule())
+    for s in seqs:
+        s.num_pending = 1  # the prefill step's token is still on the device
+    step = sched.schedule()
+    assert step == [plain]  # max_tokens reached / penalties / min_tokens not yet reached: wait for the token
+    assert plain.num_new_tokens == 1 and plain.samples_this_step and plain.num_computed_tokens == 3
+    sched.update(step)
+    assert plain.num_hashed_blocks == 0  # the block holding the in-flight token is not hashed before it arrives
+    plain.append_token(9)
+    assert plain.num_pending == 0 and len(plain) == 4
