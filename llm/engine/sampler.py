@@ -127,25 +127,47 @@ class Sampler:
 
 
 class PendingSample:
-    """Sampled tokens still on the device: the engine does host work while the GPU finishes."""
+    """Sampled tokens still on the device: the engine does host work while the GPU finishes.
+
+    Everything the host will read (token ids; with logprobs, the chosen token's and the top-n) is
+    computed and copied to pinned host memory here, behind one event: `result()` waits for this
+    step only. A plain `.tolist()` there would queue its copy behind whatever was launched since,
+    and with async scheduling that is the whole next step.
+    """
 
     def __init__(self, tokens: torch.Tensor | None, raw_logprobs: torch.Tensor | None, params: list) -> None:
-        self.tokens, self.raw_logprobs, self.params = tokens, raw_logprobs, params
+        self.tokens, self.params = tokens, params  # `tokens` stays on the device: the next step may read it
+        self._host: list[torch.Tensor] = []
+        self._event = None
+        if tokens is None:
+            return
+        device_parts = [tokens]
+        if raw_logprobs is not None:
+            top_n = max(p.logprobs or 0 for p in params)
+            top_vals, top_ids = raw_logprobs.topk(top_n, dim=-1)  # [rows, top_n]
+            device_parts += [raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1), top_vals, top_ids]
+        if tokens.is_cuda:
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in device_parts]
+            for host, dev in zip(self._host, device_parts, strict=True):
+                host.copy_(dev, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = device_parts
 
     def result(self) -> SamplerOutput:
         if self.tokens is None:
             return SamplerOutput([], [])
-        token_list = self.tokens.tolist()  # waits for the device
-        return SamplerOutput(token_list, _logprobs(self.raw_logprobs, self.tokens, token_list, self.params))
+        if self._event is not None:
+            self._event.synchronize()  # this step's copies only
+        token_list = self._host[0].tolist()
+        if len(self._host) == 1:
+            return SamplerOutput(token_list, [None] * len(self.params))
+        chosen, top_vals, top_ids = (t.tolist() for t in self._host[1:])
+        return SamplerOutput(token_list, _logprobs(token_list, chosen, top_vals, top_ids, self.params))
 
 
-def _logprobs(raw: torch.Tensor | None, tokens: torch.Tensor, token_list: list[int], params) -> list:
-    if raw is None:
-        return [None] * len(params)
-    top_n = max(p.logprobs or 0 for p in params)
-    chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-    top_vals, top_ids = raw.topk(top_n, dim=-1)  # [rows, top_n]
-    top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+def _logprobs(token_list: list[int], chosen: list[float], top_vals: list, top_ids: list, params) -> list:
     out: list[dict[int, float] | None] = []
     for i, p in enumerate(params):
         if p.logprobs is None:
