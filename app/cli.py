@@ -9,7 +9,8 @@ from app import __version__
 from app.errors import AppError, is_user_error
 from app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
 
-ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager")
+ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
+                  "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling")  # fmt: skip
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,12 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, help="KV cache blocks (default: sized from free memory)")
     p.add_argument("--kernel-backend", choices=("auto", "triton", "torch"), help="attention kernels (default: auto)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
+    p.add_argument("--max-num-batched-tokens", type=int, help="tokens one step may process (default: 2048)")
+    p.add_argument("--prefill-delay-steps", type=int,
+                   help="steps a new prompt may wait to be prefilled with others while sequences decode "
+                   "(default: 16 with CUDA graphs, else 0)")  # fmt: skip
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
+                   help="collect each step's tokens before scheduling the next (default: async on CUDA)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
