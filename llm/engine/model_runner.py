@@ -24,8 +24,10 @@ from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
 from llm.engine.transfer import padded_rows, to_device
 from llm.errors import InvalidRequestError, ModelLoadError
+from llm.inputs import MultiModalPrompt
 from llm.layers.attention import Attention
 from llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
+from llm.sampling_params import SamplingParams
 from llm.weights import load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -107,31 +109,15 @@ class ModelRunner:
         blocks = 1 + -(-n // bs)
         if self.num_blocks < blocks:
             return
-        dev = self.device
-        meta = AttentionMetadata(
-            is_prefill=True,
-            slot_mapping=to_device([0, *range(bs, bs + n)], torch.long, dev),
-            block_tables=to_device(padded_rows([[0], list(range(1, blocks))], multiple=TABLE_WIDTH_MULTIPLE),
-                                   torch.int32, dev),
-            seq_lens=to_device([1, n], torch.int32, dev),
-            cu_seqlens_q=to_device([0, 1, n + 1], torch.int32, dev),
-            max_seqlen_q=n,
-            max_seqlen_k=n,
-            context_lens=to_device([0, 0], torch.int32, dev),
-            num_splits=self.decode_splits(1),
-            num_decode_seqs=1,
-        )  # fmt: skip
-        positions = torch.tensor([0, *range(n)], device=dev)
-        if self.uses_mrope:
-            positions = positions.expand(3, n + 1)
-        with use_context(meta):
-            hidden = self.model(torch.zeros(n + 1, dtype=torch.long, device=dev), positions)
-        self.model.compute_logits(hidden[-2:])
+        params = SamplingParams(temperature=0, max_tokens=1)
+        decode = Sequence("warm-up", MultiModalPrompt([0, 0]), params, bs)
+        decode.block_table, decode.num_computed_tokens, decode.num_new_tokens = [0], 1, 1
+        prefill = Sequence("warm-up", MultiModalPrompt([0] * n), params, bs)
+        prefill.block_table, prefill.num_new_tokens = list(range(1, blocks)), n
+        self.launch([decode, prefill]).result()
         for k, v in self.kv_caches:
             k[:blocks].zero_()
             v[:blocks].zero_()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
 
     # -- memory -------------------------------------------------------------
 
@@ -240,6 +226,7 @@ class ModelRunner:
         dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
         num_decode = _leading_one_token_seqs(seqs) if max_q > 1 else 0
+        decode_rows = num_decode if max_q > 1 else len(seqs)  # the rows that run on the split-k decode kernel
         meta = AttentionMetadata(
             is_prefill=max_q > 1,
             slot_mapping=to_device(slots, torch.long, dev),
@@ -250,7 +237,7 @@ class ModelRunner:
             max_seqlen_k=max(seq_lens),
             context_lens=to_device(context_lens, torch.int32, dev),
             # decode rows of a mixed step split like a decode step of their count (one heuristic call per step)
-            num_splits=self.decode_splits(num_decode if max_q > 1 else len(seqs)) if num_decode or max_q == 1 else None,
+            num_splits=self.decode_splits(decode_rows) if decode_rows else None,
             num_decode_seqs=num_decode,
         )
         ids = to_device(input_ids, torch.long, dev)

@@ -42,20 +42,19 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_steps = 0
-        self._waiting_since: dict[int, int] = {}  # seq_id -> the step count when it (re-)entered waiting
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        self._waiting_since[seq.seq_id] = self.num_steps
+        seq.waiting_since = self.num_steps
 
     def _hold_prefills(self, scheduled: list[Sequence]) -> bool:
         """True when this step decodes only and the waiting prompts should wait for company (module doc)."""
         if not self.prefill_delay_steps or not scheduled or any(s.num_new_tokens > 1 for s in scheduled):
             return False
-        oldest = min(self._waiting_since.get(s.seq_id, 0) for s in self.waiting)
+        oldest = min(s.waiting_since for s in self.waiting)
         if self.num_steps - oldest >= self.prefill_delay_steps:
             return False
         tokens = 0
@@ -106,7 +105,6 @@ class Scheduler:
             if not self.block_manager.can_allocate(seq, num_computed + num_new, prefix):
                 break
             self.waiting.popleft()
-            self._waiting_since.pop(seq.seq_id, None)
             self.block_manager.allocate(seq, num_computed + num_new, prefix)
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = num_computed
@@ -143,7 +141,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-            self._waiting_since.pop(seq.seq_id, None)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
 
@@ -151,5 +148,5 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
-        self._waiting_since[seq.seq_id] = self.num_steps
+        seq.waiting_since = self.num_steps
         self.num_preemptions += 1
