@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from tests.llm.tiny import rel_err
+
 CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                  image_size=336, patch_size=14, hidden_act="quick_gelu")  # fmt: skip
 QWEN2_VL_VIT = dict(embed_dim=1280, depth=32, num_heads=16, mlp_ratio=4, hidden_size=3584, patch_size=14,
@@ -70,11 +72,6 @@ def gemm_ceiling(device: str) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     return 2 * n**3 / timed(lambda: a @ b, 10) / 1e12
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def clip_pair(shape: dict, device: str):

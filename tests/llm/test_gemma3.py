@@ -14,6 +14,7 @@ import torch
 
 from llm.weights import load_model
 from tests.llm.paged import PagedCache
+from tests.llm.tiny import hf_greedy, rel_err
 
 RTOL = 1e-4
 PROMPT = [3, 17, 42, 9, 88, 5, 61, 23, 99, 14, 7, 71, 30, 2, 55, 120, 64, 11, 45, 90]  # longer than the window
@@ -62,10 +63,6 @@ def pair(request, tmp_path_factory):
     return request.param, ours, hf
 
 
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @torch.no_grad()
 def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
     return hf(torch.tensor([ids])).logits[0]  # [tokens, vocab]
@@ -76,7 +73,7 @@ def test_prompt_logits_match_transformers(pair):
     name, ours, hf = pair
     expected = _hf_logits(hf, PROMPT)
     got = PagedCache(ours).step(ours, [(0, PROMPT)])
-    assert _rel_err(got, expected) < RTOL, name
+    assert rel_err(got, expected) < RTOL, name
     if name == "softcap-scaled-rope":
         assert got.abs().max() <= 3.0  # the final soft cap is live
 
@@ -84,10 +81,7 @@ def test_prompt_logits_match_transformers(pair):
 @torch.no_grad()
 def test_greedy_16_tokens_match_transformers(pair):
     name, ours, hf = pair
-    ids = list(PROMPT)
-    for _ in range(16):
-        ids.append(int(_hf_logits(hf, ids)[-1].argmax()))
-    expected = ids[len(PROMPT) :]
+    expected = hf_greedy(hf, PROMPT, 16)
     assert PagedCache(ours).greedy(ours, 0, PROMPT, 16) == expected, name
     assert len(set(expected)) > 3, "the reference continuation should not be degenerate"
 
@@ -100,12 +94,12 @@ def test_mixed_batch_with_chunked_prefill_and_decode(pair):
     cache = PagedCache(ours)
     cache.step(ours, [(0, a[:7])])
     logits = cache.step(ours, [(0, a[7:]), (1, b)])
-    assert _rel_err(logits[12], _hf_logits(hf, a)[-1]) < RTOL, name
-    assert _rel_err(logits[-1], _hf_logits(hf, b)[-1]) < RTOL, name
+    assert rel_err(logits[12], _hf_logits(hf, a)[-1]) < RTOL, name
+    assert rel_err(logits[-1], _hf_logits(hf, b)[-1]) < RTOL, name
     next_a, next_b = int(logits[12].argmax()), int(logits[-1].argmax())
     decoded = cache.step(ours, [(0, [next_a]), (1, [next_b])])
-    assert _rel_err(decoded[0], _hf_logits(hf, a + [next_a])[-1]) < RTOL, name
-    assert _rel_err(decoded[1], _hf_logits(hf, b + [next_b])[-1]) < RTOL, name
+    assert rel_err(decoded[0], _hf_logits(hf, a + [next_a])[-1]) < RTOL, name
+    assert rel_err(decoded[1], _hf_logits(hf, b + [next_b])[-1]) < RTOL, name
 
 
 def test_layers_get_their_window_and_rope(pair):

@@ -19,7 +19,7 @@ from llm.errors import UnsupportedModelError
 from llm.models.registry import _MODELS, get_model_class
 from llm.weights import load_model
 from tests.llm.paged import PagedCache
-from tests.llm.tiny import hf_greedy
+from tests.llm.tiny import hf_greedy, rel_err
 
 RTOL = 1e-4
 PROMPT = [3, 17, 42, 9, 88, 5, 61, 23, 99, 14, 7, 71, 30, 2, 55, 120, 64, 11, 45, 90]  # 20 tokens, 5 blocks of 4
@@ -133,17 +133,13 @@ def family(request, tmp_path_factory):
     return request.param, ours, hf
 
 
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @torch.no_grad()
 def test_prompt_logits_match_transformers(family):
     name, ours, hf = family
     expected = hf(torch.tensor([PROMPT])).logits[0]  # [tokens, vocab]
     got = PagedCache(ours).step(ours, [(0, PROMPT)])
     assert got.dtype == torch.float32 and got.shape == expected.shape
-    assert _rel_err(got, expected) < RTOL, name
+    assert rel_err(got, expected) < RTOL, name
 
 
 def test_greedy_16_tokens_match_transformers(family):
@@ -161,12 +157,12 @@ def test_mixed_batch_with_chunked_prefill_and_decode(family):
     cache = PagedCache(ours)
     cache.step(ours, [(0, a[:7])])
     logits = cache.step(ours, [(0, a[7:]), (1, b)])  # [13 + 13, vocab]
-    assert _rel_err(logits[12], hf(torch.tensor([a])).logits[0, -1]) < RTOL, name
-    assert _rel_err(logits[-1], hf(torch.tensor([b])).logits[0, -1]) < RTOL, name
+    assert rel_err(logits[12], hf(torch.tensor([a])).logits[0, -1]) < RTOL, name
+    assert rel_err(logits[-1], hf(torch.tensor([b])).logits[0, -1]) < RTOL, name
     next_a, next_b = int(logits[12].argmax()), int(logits[-1].argmax())
     decoded = cache.step(ours, [(0, [next_a]), (1, [next_b])])  # a pure decode step of two sequences
-    assert _rel_err(decoded[0], hf(torch.tensor([a + [next_a]])).logits[0, -1]) < RTOL, name
-    assert _rel_err(decoded[1], hf(torch.tensor([b + [next_b]])).logits[0, -1]) < RTOL, name
+    assert rel_err(decoded[0], hf(torch.tensor([a + [next_a]])).logits[0, -1]) < RTOL, name
+    assert rel_err(decoded[1], hf(torch.tensor([b + [next_b]])).logits[0, -1]) < RTOL, name
 
 
 @torch.no_grad()
@@ -175,7 +171,7 @@ def test_forward_without_kv_cache_is_plain_causal_attention(tmp_path_factory):
     model_dir, hf = make_hf_model(tmp_path_factory, "llama")
     ours = load_model(model_dir, progress=False)
     hidden = ours(torch.tensor(PROMPT), torch.arange(len(PROMPT)))
-    assert _rel_err(ours.compute_logits(hidden), hf(torch.tensor([PROMPT])).logits[0]) < RTOL
+    assert rel_err(ours.compute_logits(hidden), hf(torch.tensor([PROMPT])).logits[0]) < RTOL
 
 
 def test_registry_names_importable_classes():

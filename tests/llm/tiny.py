@@ -129,6 +129,12 @@ def load_hf_model(model_dir: str | Path):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference relative to the largest magnitude of the reference `b` (in fp32)."""
+    a, b = a.float(), b.float()
+    return float((a - b).abs().max() / b.abs().max())
+
+
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation by the transformers model, recomputing the full sequence each step (no EOS stop)."""
     ids = list(prompt_ids)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
+from tests.llm.tiny import rel_err  # noqa: F401 - the vision tests' comparisons import it from here
+
 
 def image(seed: int, size: tuple[int, int] = (56, 28)) -> Image.Image:
     g = torch.Generator().manual_seed(seed)
@@ -72,10 +74,6 @@ def our_prompt_logits(model, prompt, device="cpu") -> torch.Tensor:
     with use_context(meta):
         hidden = model(ids, positions, inputs_embeds=embeds)
     return model.compute_logits(hidden)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def conversations(img) -> dict[str, list]:
