@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from benchmarks.report import save_results
 from kernels.attention import decode, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
@@ -311,14 +311,7 @@ def main():
                 flush=True,
             )
     res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "attention_" + device.name.replace(" ", "_"))
-    with open(stem + ".json", "w") as f:
-        json.dump(res, f, indent=1)
-    text = markdown(res)
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    save_results(os.path.join(args.out, "attention_" + device.name.replace(" ", "_")), res, markdown)
 
 
 if __name__ == "__main__":

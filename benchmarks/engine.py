@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import platform
 import tempfile
@@ -32,6 +31,7 @@ import traceback
 import torch
 
 from benchmarks.random_model import build
+from benchmarks.report import save_results
 from kernels import dispatch
 from llm import LLM, SamplingParams
 from llm.config import SchedulerConfig
@@ -261,9 +261,10 @@ def _version(module: str) -> str:
 
 
 def write(result: dict, out_dir: str, stem: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    save_results(os.path.join(out_dir, stem), result, markdown)
+
+
+def markdown(result: dict) -> str:
     lines = [f"# Engine on {result['device']}", "",
              f"{result['date']}; {result['model']}; " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
              "", "## Greedy agreement (8 prompts x 16 tokens)", "",
@@ -290,10 +291,7 @@ def write(result: dict, out_dir: str, stem: str) -> None:
         lines.append(f"| {r['batch']} | {r['graphs_steps_s']:.1f} | {r['eager_steps_s']:.1f} | "
                      f"{r['transformers_steps_s']:.1f} | {r['hbm_floor_steps_s']:.0f} | {r['tokens_s']:.0f} | "
                      f"{r['vs_transformers']:.2f}x | {r['of_hbm_floor']:.0%} |")  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
-        f.write(text)
-    print(text)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

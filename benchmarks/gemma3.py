@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import tempfile
@@ -34,6 +33,7 @@ from benchmarks.engine import (
     reconfigure,
 )
 from benchmarks.random_model import word_level_tokenizer
+from benchmarks.report import save_results
 from llm import LLM, SamplingParams
 
 GEMMA3_270M = dict(
@@ -129,9 +129,10 @@ def main() -> None:
 
 
 def write(result: dict, out_dir: str, stem: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    save_results(os.path.join(out_dir, stem), result, markdown)
+
+
+def markdown(result: dict) -> str:
     agree = result["greedy_vs_transformers"]
     lines = [
         f"# Gemma 3 270M decode on {result['device']}", "",
@@ -152,10 +153,7 @@ def write(result: dict, out_dir: str, stem: str) -> None:
             f"| {r['tokens_s']:.0f} | {r['transformers_tokens_s']:.0f} | {r['vs_transformers']:.2f}x "
             f"| {r['hbm_floor_steps_s']:.0f} | {r['of_hbm_floor']:.0%} |"
         )
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
-        f.write(text)
-    print(text)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import time
 import torch
 
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
+from benchmarks.report import save_results
 from kernels.device import get_device_info
 
 CHUNK_BUDGET = 8192  # prefill tokens per engine step (max_num_batched_tokens)
@@ -305,12 +306,10 @@ def main():
            "transformers_version": transformers.__version__, "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "chunk_budget": 128 if args.smoke else CHUNK_BUDGET, "decode_steps": DECODE_STEPS}  # fmt: skip
-    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "long_context_" + info.name.replace(" ", "_"))
 
     def save():
-        with open(stem + ".json", "w") as f:
-            json.dump(res, f, indent=1)
+        save_results(stem, res)
 
     if device == "cuda":
         res["kernel_check_rel_err"] = kernel_check(fields)
@@ -326,11 +325,7 @@ def main():
     save()
     if not args.skip_transformers:
         res["transformers"] = run_transformers(fields, contexts, device)
-        save()
-    text = markdown(res)
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    save_results(stem, res, markdown)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.report import save_results
 from tests.llm.tiny import rel_err
 
 CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -305,9 +305,7 @@ def main() -> None:
         "e2e_llava": lambda: end_to_end("llava", device, args.smoke),
         "e2e_qwen2-vl": lambda: end_to_end("qwen2-vl", device, args.smoke),
     }  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"vision_{name.replace(' ', '_')}"
+    stem = Path(args.out) / f"vision_{name.replace(' ', '_')}"
     for key, job in jobs.items():
         t0 = time.time()
         try:
@@ -316,12 +314,10 @@ def main() -> None:
             traceback.print_exc()
             res[key] = f"{type(e).__name__}: {e}"
         print(f"[{key}] {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-        stem.with_suffix(".json").write_text(json.dumps(res, indent=1))  # what is done survives a timeout
+        save_results(stem, res)  # what is done survives a timeout
         if device == "cuda":
             torch.cuda.empty_cache()
-    md = markdown(res)
-    stem.with_suffix(".md").write_text(md)
-    print(md)
+    save_results(stem, res, markdown)
 
 
 if __name__ == "__main__":
