@@ -50,6 +50,9 @@ class CacheConfig:
         _check(self.cpu_cache_gb > 0, f"cpu_cache_gb must be > 0, got {self.cpu_cache_gb}")
 
 
+GRAPH_PREFILL_DELAY_STEPS = 16  # the prefill hold with CUDA graphs (H200 serving: 28.5 req/s vs 22.1 at 8)
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
     """Continuous batching.
@@ -64,8 +67,9 @@ class SchedulerConfig:
             this many steps so that several are prefilled in one step. A step that prefills runs
             eagerly while a decode-only step replays a CUDA graph, so under a steady stream of
             arrivals admitting each prompt at once turns almost every step into a slow mixed one;
-            holding them a few steps trades a little time to first token for throughput. None: 16
-            when decode steps replay CUDA graphs, else 0 (admit at once).
+            holding them a few steps trades a little time to first token for throughput. None: the
+            engine picks GRAPH_PREFILL_DELAY_STEPS when decode steps replay CUDA graphs, else 0
+            (admit at once).
         prefill_batch_tokens: held prompts are admitted as soon as they bring this many prompt
             tokens together (None: a quarter of max_num_batched_tokens).
     """

@@ -12,7 +12,7 @@ import logging
 import math
 
 from kernels import settings as kernel_settings
-from llm.config import EngineConfig
+from llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
 from llm.engine.block_manager import BlockManager
 from llm.engine.model_runner import ModelRunner
 from llm.engine.request import Request
@@ -62,8 +62,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
-        # hold prefills for company only where decode steps are cheap graph replays (SchedulerConfig)
-        self.scheduler = Scheduler(sched, self.block_manager, prefill_delay_steps=16 if self.runner.graphs else 0)
+        if sched.prefill_delay_steps is None:  # hold prefills only where decode steps are cheap graph replays
+            sched.prefill_delay_steps = GRAPH_PREFILL_DELAY_STEPS if self.runner.graphs else 0
+        self.scheduler = Scheduler(sched, self.block_manager)
         self.async_scheduling = (
             self.runner.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
         )

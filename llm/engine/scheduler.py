@@ -29,13 +29,11 @@ from llm.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, prefill_delay_steps: int = 0) -> None:
-        """`prefill_delay_steps`: used when the config leaves it None (the engine's choice for its device)."""
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
-        delay = config.prefill_delay_steps
-        self.prefill_delay_steps = prefill_delay_steps if delay is None else delay
+        self.prefill_delay_steps = config.prefill_delay_steps or 0  # None: left to the engine, which sets it
         self.prefill_batch_tokens = config.prefill_batch_tokens or max(1, self.max_num_batched_tokens // 4)
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
