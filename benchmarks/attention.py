@@ -31,6 +31,7 @@ from kernels.device import get_device_info
 PAGE = 16
 DECODE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (32, 2048), (64, 1024), (128, 512), (128, 2048)]
 PREFILL_SHAPES = [(1, 4096), (4, 4096), (1, 16384), (4, 16384), (1, 65536), (4, 65536)]
+EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cached prefix): a chunk after a prefix
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
 
@@ -120,29 +121,53 @@ def tune_decode(device):
     return ranked[0], {str(c): times[c] for c in cands}
 
 
-def tune_prefill(device):
-    cands = [PrefillConfig(*c) for c in
-             [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
-              (128, 32, 8, 4), (128, 64, 8, 4)]]  # fmt: skip
-    length, q_heads, kv_heads, head_dim = 16384, 32, 8, 128
-    k_cache = torch.randn(length // PAGE, PAGE, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+def prefill_inputs(dtype, batch, length, prefix=0):
+    """Paged caches holding `length` tokens per sequence (shuffled pages), queries for the last length - prefix,
+    and those queries' own K/V rows gathered back from the pages (what the engine hands the kernel)."""
+    q_heads, kv_heads, head_dim = 32, 8, 128
+    blocks = batch * length // PAGE
+    k_cache = torch.randn(blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(length // PAGE, device="cuda").to(torch.int32).view(1, -1)
-    q = torch.randn(length, q_heads, head_dim, device="cuda", dtype=torch.float16)
-    cu = torch.tensor([0, length], device="cuda", dtype=torch.int32)
-    lens = torch.tensor([length], device="cuda", dtype=torch.int32)
+    tables = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, length // PAGE)
+    q_len = length - prefix
+    q = torch.randn(batch * q_len, q_heads, head_dim, device="cuda", dtype=dtype)
+    cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * q_len
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    k_all = k_cache[tables.long()].reshape(batch, length, kv_heads, head_dim)
+    v_all = v_cache[tables.long()].reshape(batch, length, kv_heads, head_dim)
+    k_rows = k_all[:, prefix:].reshape(-1, kv_heads, head_dim).contiguous()
+    v_rows = v_all[:, prefix:].reshape(-1, kv_heads, head_dim).contiguous()
+    return q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, k_all, v_all
+
+
+def tune_prefill(device):
+    """Pick the sm_90 prefill config on the engine's path (fresh rows through TMA) at L=16k, fp16."""
+    cands = [PrefillConfig(*c, tma=True) for c in
+             [(128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3),
+              (128, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4)]]  # fmt: skip
+    cands += [PrefillConfig(*c, tma=True, warp_specialize=True) for c in [(128, 128, 8, 3), (128, 128, 4, 3),
+              (128, 64, 4, 3), (128, 64, 8, 2)]]  # fmt: skip
+    length = 16384
+    q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, _, _ = prefill_inputs(torch.float16, 1, length)
     times = {}
+    ref = prefill.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.088, length, config=cands[0])
     for c in cands:
 
         def run(c=c):
-            return prefill.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.088, length, config=c)
+            return prefill.paged_prefill_attention(
+                q, k_cache, v_cache, tables, cu, lens, 0.088, length, k=k_rows, v=v_rows, config=c
+            )
 
         try:
+            diff = float((run().float() - ref.float()).abs().max())
+            if not diff < 1e-2:
+                print("prefill config", c, "disagrees with the pages-only run by", diff)
+                continue
             times[c] = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
         except Exception as e:  # a config that does not fit the shared memory
-            print("prefill config", c, "failed:", type(e).__name__)
+            print("prefill config", c, "failed:", type(e).__name__, str(e)[:200])
     ranked = sorted(times, key=times.get)
-    print("prefill configs (ms):", [(str(c), round(times[c], 3)) for c in ranked])
+    print("prefill configs (ms):", [(str(c), round(times[c], 3)) for c in ranked], flush=True)
     return ranked[0], {str(c): times[c] for c in times}
 
 
@@ -178,39 +203,36 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     return row
 
 
-def bench_prefill(dtype, batch, length, device, config=None):
-    q_heads, kv_heads, head_dim = 32, 8, 128
-    blocks = batch * length // PAGE
-    k_cache = torch.randn(blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, length // PAGE)
-    q = torch.randn(batch * length, q_heads, head_dim, device="cuda", dtype=dtype)
-    cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * length
-    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-    scale = head_dim**-0.5
-    flops = 4 * batch * q_heads * length * length * head_dim / 2  # causal: half the score matrix
+def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
+    """Causal prefill of the last length - prefix tokens: the engine's path (the chunk's keys from its own rows,
+    the prefix from pages), every key from the pages, and (fresh sequences) SDPA on contiguous K/V."""
+    q_heads, head_dim = 32, 128
+    q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, k_all, v_all = prefill_inputs(dtype, batch, length, prefix)
+    q_len, scale = length - prefix, head_dim**-0.5
+    flops = 4 * batch * q_heads * head_dim * (q_len * prefix + q_len * q_len / 2)  # causal: half the new square
+    args = (q, k_cache, v_cache, tables, cu, lens, scale, q_len)
 
-    def ours():
-        return prefill.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, scale, length, config=config)
+    def time_ms(fn):
+        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
-    ms = triton.testing.do_bench(ours, warmup=25, rep=200, return_mode="median")
-    # SDPA: the same K/V as a contiguous [batch, heads, L, d] tensor, expanded to the query heads
-    k = k_cache[tables.long()].reshape(batch, length, kv_heads, head_dim).repeat_interleave(4, 2).transpose(1, 2)
-    v = v_cache[tables.long()].reshape(batch, length, kv_heads, head_dim).repeat_interleave(4, 2).transpose(1, 2)
-    k, v = k.contiguous(), v.contiguous()
-    q4 = q.view(batch, length, q_heads, head_dim).transpose(1, 2).contiguous()
-    mine = ours().view(batch, length, q_heads, head_dim).transpose(1, 2).float()
-    ref = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale).float()
-    rel = float((mine - ref).norm() / ref.norm())
-    del mine, ref
-    ms_sdpa = triton.testing.do_bench(
-        lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale),
-        warmup=25, rep=200, return_mode="median",
-    )  # fmt: skip
-    return {
-        "batch": batch, "length": length, "ours_ms": ms, "sdpa_ms": ms_sdpa, "ours_tflops": flops / ms / 1e9,
-        "sdpa_tflops": flops / ms_sdpa / 1e9, "rel_err_vs_sdpa": rel,
-    }  # fmt: skip
+    row = {"batch": batch, "length": length, "prefix": prefix}
+    row["ours_ms"] = time_ms(lambda: prefill.paged_prefill_attention(*args, k=k_rows, v=v_rows, config=config))
+    row["pages_ms"] = time_ms(lambda: prefill.paged_prefill_attention(*args, config=config))
+    row["ours_tflops"], row["pages_tflops"] = flops / row["ours_ms"] / 1e9, flops / row["pages_ms"] / 1e9
+    mine = prefill.paged_prefill_attention(*args, k=k_rows, v=v_rows, config=config)
+    pages = prefill.paged_prefill_attention(*args, config=config)
+    row["rows_vs_pages_max_diff"] = float((mine.float() - pages.float()).abs().max())
+    if prefix == 0:  # SDPA: K/V contiguous [batch, heads, L, d], expanded to the query heads
+        k = k_all.repeat_interleave(4, 2).transpose(1, 2).contiguous()
+        v = v_all.repeat_interleave(4, 2).transpose(1, 2).contiguous()
+        q4 = q.view(batch, length, q_heads, head_dim).transpose(1, 2).contiguous()
+        ref = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale).float()
+        mine = mine.view(batch, length, q_heads, head_dim).transpose(1, 2).float()
+        row["rel_err_vs_sdpa"] = float((mine - ref).norm() / ref.norm())
+        del ref
+        row["sdpa_ms"] = time_ms(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale))
+        row["sdpa_tflops"] = flops / row["sdpa_ms"] / 1e9
+    return row
 
 
 def targets(decode_rows, prefill_rows, copy_gbs):
@@ -226,6 +248,8 @@ def targets(decode_rows, prefill_rows, copy_gbs):
             checks["decode_0.95_copy_bw_where_kv_over_256MB"].append((name, r["bw_frac"] >= 0.95))
         checks["heuristic_within_10pct_of_best_fixed"].append((name, r["ours_us"] <= 1.10 * r["best_fixed_us"]))
     for r in prefill_rows:
+        if "sdpa_tflops" not in r:
+            continue
         name = f"{r['dtype']} B={r['batch']} L={r['length']}"
         checks["prefill_0.9x_sdpa"].append((name, r["ours_tflops"] >= 0.9 * r["sdpa_tflops"]))
     return {
@@ -253,12 +277,17 @@ def markdown(res):
         )
     lines += [
         "", "## Prefill (causal, heads 32/8, head_dim 128, paged block 16)", "",
-        "| dtype | B | L | ours TFLOP/s | SDPA TFLOP/s | ratio | rel err vs SDPA |", "|---|---|---|---|---|---|---|",
+        "ours: the engine's path (the chunk's keys from its own K/V rows, a cached prefix from the pages); "
+        "pages: every key gathered through the block table.", "",
+        "| dtype | B | L | cached prefix | ours TFLOP/s | pages TFLOP/s | SDPA TFLOP/s | ours / SDPA "
+        "| rel err vs SDPA |", "|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in res["prefill"]:
+        sdpa = r.get("sdpa_tflops")
+        vs = (f"{sdpa:.0f}", f"{r['ours_tflops'] / sdpa:.2f}", f"{r['rel_err_vs_sdpa']:.1e}") if sdpa else ("-",) * 3
         lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['length']} | {r['ours_tflops']:.0f} | {r['sdpa_tflops']:.0f} | "
-            f"{r['ours_tflops'] / r['sdpa_tflops']:.2f} | {r['rel_err_vs_sdpa']:.1e} |"
+            f"| {r['dtype']} | {r['batch']} | {r['length']} | {r['prefix']} | {r['ours_tflops']:.0f} | "
+            f"{r['pages_tflops']:.0f} | {' | '.join(vs)} |"
         )
     lines += ["", "## Targets", ""]
     for name, t in res["targets"].items():
@@ -272,6 +301,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
     parser.add_argument("--tune", action="store_true", help="first pick the decode/prefill configs by a sweep")
+    parser.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
     args = parser.parse_args()
     device = get_device_info()
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
@@ -282,12 +312,13 @@ def main():
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
     if args.tune:
-        dec_cfg, res["tune_decode"] = tune_decode(device)
+        if not args.prefill_only:
+            dec_cfg, res["tune_decode"] = tune_decode(device)
         pre_cfg, res["tune_prefill"] = tune_prefill(device)
         res["decode_config"], res["prefill_config"] = str(dec_cfg), str(pre_cfg)
     bw = res["copy_gbs"] * 1e3  # bytes per microsecond
     res["decode"], res["prefill"] = [], []
-    shapes = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
+    shapes = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     for dtype in (torch.float16, torch.bfloat16):
         for q_heads, kv_heads in ((32, 32), (32, 8)):
             for batch, ctx in shapes:
@@ -301,13 +332,15 @@ def main():
                       f"(S={r['heuristic_splits']}) best {r['best_fixed_us']:.1f} (S={r['best_fixed_splits']}) "
                       f"sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
     for dtype in (torch.float16, torch.bfloat16):
-        for batch, length in PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES:
-            r = bench_prefill(dtype, batch, length, device, pre_cfg)
+        shapes = [(b, n, 0) for b, n in PREFILL_SHAPES] + EXTEND_SHAPES
+        for batch, length, prefix in shapes[:1] if args.quick else shapes:
+            r = bench_prefill(dtype, batch, length, device, pre_cfg, prefix)
             r["dtype"] = str(dtype).removeprefix("torch.")
             res["prefill"].append(r)
             torch.cuda.empty_cache()
             print(
-                f"prefill {r['dtype']} B={batch} L={length}: {r['ours_tflops']:.0f} vs {r['sdpa_tflops']:.0f}",
+                f"prefill {r['dtype']} B={batch} L={length} prefix={prefix}: ours {r['ours_tflops']:.0f} pages "
+                f"{r['pages_tflops']:.0f} sdpa {r.get('sdpa_tflops', 0):.0f} TFLOP/s",
                 flush=True,
             )
     res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])

@@ -41,12 +41,14 @@ def paged_decode_attention(
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0,
+    sliding_window=None, softcap=0.0, k=None, v=None,
 ):  # fmt: skip
+    """k, v: optionally the chunk's own rows (just written to the cache), read instead of their pages."""
     impl = dispatch.get_impl(PREFILL, q.dtype, device_for(q))
     return impl(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal, sliding_window, softcap
-    )
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal, sliding_window,
+        softcap, k, v,
+    )  # fmt: skip
 
 
 def varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal=False):

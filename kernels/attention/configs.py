@@ -52,6 +52,8 @@ class PrefillConfig:
     block_n: int  # KV tokens per loop iteration
     num_warps: int
     num_stages: int
+    tma: bool = False  # contiguous rows (fresh chunk K/V, vision Q/K/V) through TMA tensor descriptors (sm_90+)
+    warp_specialize: bool = False  # producer/consumer warps for the unmasked key loop (Triton's tl.range option)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ TABLES: dict[str, ArchTable] = {
     "sm_90": ArchTable(
         "sm_90", True, 4000.0,
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
-        prefill={64: P(128, 64, 4, 3), 128: P(128, 128, 8, 3), 256: P(64, 64, 8, 2)},
+        prefill={64: P(128, 64, 4, 3, True), 128: P(128, 128, 8, 3, True), 256: P(64, 64, 8, 2, True)},
     ),
 }  # fmt: skip
 

@@ -5,10 +5,17 @@ style: an online softmax over BLOCK_N-key tiles with fp32 accumulators. The quer
 sequence i are its last q_len positions (a cached prefix, or an earlier chunk, comes
 first), so query row r sits at absolute position kv_len - q_len + r.
 
-The key range of a tile is split in three loops: a masked head (sliding-window edge),
-an unmasked middle (keys every row sees), a masked tail (the causal diagonal, or the
-end of the sequence). Query tiles run from the last to the first so the longest causal
-tiles start first. The same kernel serves `varlen.py` (contiguous K/V, PAGED=False).
+Keys come from up to two sources. The cached prefix (or, without fresh rows, every key)
+is gathered from the paged cache through the block table. When the caller also passes
+the chunk's own K/V rows (the tensors it just wrote to the cache), the chunk's keys are
+read from those contiguous rows instead: on sm_90 through TMA tensor descriptors, which
+a per-token page gather cannot use. A fresh prefill then never touches the page table.
+The same kernel serves `varlen.py` (contiguous K/V only, no cache).
+
+Each source's key range is split in three loops: a masked head (sliding-window edge), an
+unmasked middle (keys every row sees), a masked tail (the causal diagonal, or the end of
+the source). Query tiles run from the last to the first so the longest causal tiles
+start first.
 """
 
 from __future__ import annotations
@@ -20,6 +27,14 @@ import triton.language as tl
 from kernels.attention.configs import PrefillConfig, check_dtype, table_for
 from kernels.attention.decode import _tanh
 from kernels.device import device_for
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # triton < 3.4: no host tensor descriptors, pointer loads only
+    TensorDescriptor = None
+
+LOG2E = 1.4426950408889634
+SRC_PAGED, SRC_ROWS, SRC_TMA = 0, 1, 2  # where a span's keys come from
 
 
 @triton.jit
@@ -37,57 +52,114 @@ def _tile(base, offs_n, offs_d, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.con
 
 @triton.jit
 def _keys(
-    acc, l_i, m_i, q, k_base, v_base, table, lo, hi, pos, kv_len, window, scale, softcap,
-    offs_d, d_ok, stride_kb, stride_kt, stride_vb, stride_vt,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    acc, l_i, m_i, q, k_src, v_src, table, lo, hi, key_off, limit, pos, window, pre_scale, post_scale,
+    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    WS: tl.constexpr,
 ):  # fmt: skip
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < kv_len
-        if PAGED:
-            page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
-            k_rows = page * stride_kb + (offs_n % PAGE) * stride_kt
-            v_rows = page * stride_vb + (offs_n % PAGE) * stride_vt
+    """Keys lo..hi (source-local index t; absolute position key_off + t) into the online softmax."""
+    for t0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        offs_t = t0 + tl.arange(0, BLOCK_N)
+        t_ok = offs_t < limit
+        if SRC == 2:  # TMA: rows row0 + t of a [tokens, heads * d] descriptor, this head's columns
+            k = k_src.load([row0 + t0, col0])
         else:
-            k_rows = offs_n.to(tl.int64) * stride_kt
-            v_rows = offs_n.to(tl.int64) * stride_vt
-        k = _tile(k_base, k_rows, offs_d, n_ok, d_ok, MASKED, EVEN_D)  # [BLOCK_N, BLOCK_D]
+            if SRC == 0:
+                page = tl.load(table + offs_t // PAGE, mask=t_ok, other=0).to(tl.int64)
+                k_rows = page * stride_kb + (offs_t % PAGE) * stride_kt
+                v_rows = page * stride_vb + (offs_t % PAGE) * stride_vt
+            else:
+                k_rows = offs_t.to(tl.int64) * stride_kt
+                v_rows = offs_t.to(tl.int64) * stride_vt
+            k = _tile(k_src, k_rows, offs_d, t_ok, d_ok, MASKED, EVEN_D)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
-            s = _tanh(s * (scale / softcap)) * (softcap * 1.4426950408889634)
-        else:
-            s = s * (scale * 1.4426950408889634)
+            s = _tanh(s * pre_scale) * post_scale
         if MASKED:
-            vis = n_ok[None, :]
+            if not SOFTCAP:
+                s = s * post_scale
+            vis = t_ok[None, :]
             if CAUSAL:
-                vis = vis & (offs_n[None, :] <= pos[:, None])
+                n = key_off + offs_t
+                vis = vis & (n[None, :] <= pos[:, None])
                 if HAS_WINDOW:
-                    vis = vis & (offs_n[None, :] > pos[:, None] - window)
+                    vis = vis & (n[None, :] > pos[:, None] - window)
             s = tl.where(vis, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
-        else:
+            p = tl.exp2(s - m_new[:, None])
+        elif SOFTCAP:
             m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
+            p = tl.exp2(s - m_new[:, None])
+        else:  # scale folded into the exponent's multiply-add
+            m_new = tl.maximum(m_i, tl.max(s, 1) * post_scale)
+            p = tl.exp2(s * post_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _tile(v_base, v_rows, offs_d, n_ok, d_ok, MASKED, EVEN_D)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        if SRC == 2:
+            v = v_src.load([row0 + t0, col0])
+        else:
+            v = _tile(v_src, v_rows, offs_d, t_ok, d_ok, MASKED, EVEN_D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, kv_lens_ptr, tables_ptr,
-    scale, softcap, window,
-    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_tb,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr,
+def _span(
+    acc, l_i, m_i, q, k_src, v_src, table, key_off, limit, first, last, pos, window, pre_scale, post_scale,
+    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    WS: tl.constexpr,
+):  # fmt: skip
+    """One source's keys t in [0, limit) (absolute position key_off + t) for query rows first..last."""
+    if CAUSAL:
+        hi = tl.minimum(limit, last - key_off + 1)
+        full_hi = (first - key_off + 1) // BLOCK_N * BLOCK_N  # keys <= first: seen by every row
+        if HAS_WINDOW:
+            lo = tl.maximum(first - window + 1 - key_off, 0) // BLOCK_N * BLOCK_N
+            full_lo = tl.cdiv(tl.maximum(last - window + 1 - key_off, 0), BLOCK_N) * BLOCK_N
+        else:
+            lo = 0
+            full_lo = 0
+    else:
+        hi = limit
+        lo = 0
+        full_lo = 0
+        full_hi = limit
+    full_hi = tl.minimum(full_hi, limit // BLOCK_N * BLOCK_N)  # a tile past the source's end is masked
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    acc, l_i, m_i = _keys(
+        acc, l_i, m_i, q, k_src, v_src, table, lo, full_lo, key_off, limit, pos, window, pre_scale, post_scale,
+        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, False,
+    )  # fmt: skip
+    acc, l_i, m_i = _keys(
+        acc, l_i, m_i, q, k_src, v_src, table, full_lo, full_hi, key_off, limit, pos, window, pre_scale, post_scale,
+        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+    )  # fmt: skip
+    acc, l_i, m_i = _keys(
+        acc, l_i, m_i, q, k_src, v_src, table, full_hi, hi, key_off, limit, pos, window, pre_scale, post_scale,
+        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, False,
+    )  # fmt: skip
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, q_desc, k_desc, v_desc, cu_q_ptr, kv_lens_ptr, tables_ptr,
+    pre_scale, post_scale, window,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_ct, stride_ch, stride_db, stride_dt, stride_dh, stride_ot, stride_oh, stride_tb,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, ROWS: tl.constexpr, TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
+    PRECISION: tl.constexpr, WS: tl.constexpr,
 ):  # fmt: skip
     m_blk = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal tiles first
     b = tl.program_id(1)
@@ -99,59 +171,51 @@ def _prefill_kernel(
         return
     if PAGED:
         kv_len = tl.load(kv_lens_ptr + b)
-        k_base = k_ptr + kvh * stride_kh
-        v_base = v_ptr + kvh * stride_vh
     else:
         kv_len = q_len
-        k_base = k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh
-        v_base = v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh
-    table = tables_ptr + b.to(tl.int64) * stride_tb
     prefix = kv_len - q_len
 
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < q_len
     d_ok = offs_d < HEAD_DIM
-    q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + h * stride_qh
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if TMA:  # rows past q_len belong to the next sequence: loaded, never stored
+        q = q_desc.load([q_start + m_blk * BLOCK_M, h * HEAD_DIM])
+    else:
+        q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + h * stride_qh
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     pos = prefix + offs_m  # [BLOCK_M] absolute positions
     first = prefix + m_blk * BLOCK_M
     last = prefix + tl.minimum(q_len, (m_blk + 1) * BLOCK_M) - 1
-    if CAUSAL:
-        hi = last + 1
-        full_hi = (first + 1) // BLOCK_N * BLOCK_N  # keys <= first: seen by every row
-        if HAS_WINDOW:
-            lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
-            full_lo = tl.cdiv(tl.maximum(last - window + 1, 0), BLOCK_N) * BLOCK_N
-        else:
-            lo = 0
-            full_lo = 0
-    else:
-        hi = kv_len
-        lo = 0
-        full_lo = 0
-        full_hi = kv_len // BLOCK_N * BLOCK_N
-    full_lo = tl.minimum(full_lo, hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, l_i, m_i = _keys(
-        acc, l_i, m_i, q, k_base, v_base, table, lo, full_lo, pos, kv_len, window, scale, softcap,
-        offs_d, d_ok, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, PAGED, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
-    )  # fmt: skip
-    acc, l_i, m_i = _keys(
-        acc, l_i, m_i, q, k_base, v_base, table, full_lo, full_hi, pos, kv_len, window, scale, softcap,
-        offs_d, d_ok, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, PAGED, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
-    )  # fmt: skip
-    acc, l_i, m_i = _keys(
-        acc, l_i, m_i, q, k_base, v_base, table, full_hi, hi, pos, kv_len, window, scale, softcap,
-        offs_d, d_ok, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, PAGED, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
-    )  # fmt: skip
+    if PAGED:  # the cached prefix, or every key when no fresh rows were given
+        if ROWS:
+            paged_end = prefix
+        else:
+            paged_end = kv_len
+        acc, l_i, m_i = _span(
+            acc, l_i, m_i, q, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_dh,
+            tables_ptr + b.to(tl.int64) * stride_tb, 0, paged_end, first, last, pos, window, pre_scale, post_scale,
+            offs_d, d_ok, 0, 0, stride_cb, stride_ct, stride_db, stride_dt,
+            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+        )  # fmt: skip
+    if ROWS:  # the chunk's own keys, contiguous rows from q_start
+        if TMA:
+            acc, l_i, m_i = _span(
+                acc, l_i, m_i, q, k_desc, v_desc, tables_ptr, prefix, q_len, first, last, pos, window,
+                pre_scale, post_scale, offs_d, d_ok, q_start, kvh * HEAD_DIM, 0, 0, 0, 0,
+                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+            )  # fmt: skip
+        else:
+            acc, l_i, m_i = _span(
+                acc, l_i, m_i, q, k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh,
+                v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh, tables_ptr, prefix, q_len, first, last,
+                pos, window, pre_scale, post_scale, offs_d, d_ok, 0, 0, 0, stride_kt, 0, stride_vt,
+                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+            )  # fmt: skip
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + offs_m).to(tl.int64) * stride_ot + h * stride_oh
     tl.store(
@@ -159,25 +223,57 @@ def _prefill_kernel(
     )
 
 
-def launch(q, k, v, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, softcap, paged, config):
-    """Launch the shared kernel; k/v are caches [blocks, page, kv_heads, d] (paged) or rows [tokens, kv_heads, d]."""
+def _descriptor(t, block_rows, block_d):
+    """A 2-D TMA descriptor over [tokens, heads * head_dim] of a [tokens, heads, head_dim] tensor, or None."""
+    tokens, heads, head_dim = t.shape
+    item = t.element_size()
+    if t.stride(1) != head_dim or (t.stride(0) * item) % 16 or t.data_ptr() % 16 or (heads * head_dim * item) % 16:
+        return None
+    return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(0), 1], [block_rows, block_d])
+
+
+def _tma_descriptors(q, k, v, config):
+    """Descriptors for q and the fresh k/v rows when the config asks for TMA and the tensors allow it."""
+    if not config.tma or TensorDescriptor is None or k is None or q.dtype == torch.float32:
+        return None
+    if triton.next_power_of_2(q.shape[-1]) != q.shape[-1]:  # a padded head would read its neighbour's columns
+        return None
+    descs = (
+        _descriptor(q, config.block_m, q.shape[-1]),
+        _descriptor(k, config.block_n, q.shape[-1]),
+        _descriptor(v, config.block_n, q.shape[-1]),
+    )
+    return None if None in descs else descs
+
+
+def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, softcap, config):
+    """Launch the shared kernel. k/v: the chunk's own rows [tokens, kv_heads, d] or None; k_cache/v_cache:
+    paged caches [blocks, page, kv_heads, d] or None (varlen)."""
     batch = cu_q.shape[0] - 1
     q_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k.shape[-2]
-    if paged:
-        k_strides, v_strides, page = k.stride()[:3], v.stride()[:3], k.shape[1]
+    paged, rows = k_cache is not None, k is not None
+    kv_heads = (k if rows else k_cache).shape[-2]
+    descs = _tma_descriptors(q, k, v, config)
+    kc, vc = (k_cache, v_cache) if paged else (k, v)
+    kr, vr = (k, v) if rows else (k_cache, v_cache)
+    c_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if paged else (0,) * 6
+    r_strides = (*k.stride()[:2], *v.stride()[:2]) if rows else (0,) * 4
+    if softcap and softcap > 0:
+        pre_scale, post_scale = scale / softcap, softcap * LOG2E
     else:
-        k_strides, v_strides, page = (0, *k.stride()[:2]), (0, *v.stride()[:2]), 1
+        pre_scale, post_scale = 1.0, scale * LOG2E
     grid = (triton.cdiv(max(int(max_seqlen_q), 1), config.block_m), batch, q_heads)
     _prefill_kernel[grid](
-        q, k, v, out, cu_q, kv_lens, tables, float(scale), float(softcap or 1.0), int(window or 0),
-        q.stride(0), q.stride(1), *k_strides, *v_strides, out.stride(0), out.stride(1),
+        q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables,
+        float(pre_scale), float(post_scale), int(window or 0),
+        q.stride(0), q.stride(1), *r_strides, *c_strides, out.stride(0), out.stride(1),
         tables.stride(0) if tables.dim() == 2 else 0,
         GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE=page, PAGED=paged, CAUSAL=bool(causal),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE=k_cache.shape[1] if paged else 1, PAGED=paged,
+        ROWS=rows, TMA=descs is not None, CAUSAL=bool(causal),
         HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=bool(softcap and softcap > 0),
         EVEN_D=triton.next_power_of_2(head_dim) == head_dim,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WS=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
@@ -198,18 +294,27 @@ def prepare(q, k, v, device, config, out):
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0, *, device=None, config: PrefillConfig | None = None, out=None,
+    sliding_window=None, softcap=0.0, k=None, v=None, *, device=None, config: PrefillConfig | None = None, out=None,
 ):  # fmt: skip
-    """Triton paged prefill; `device`/`config` override the arch table (tests run other archs' configs)."""
+    """Triton paged prefill; `device`/`config` override the arch table (tests run other archs' configs).
+
+    k, v (optional): the chunk's own K/V rows [total_q, kv_heads, head_dim], the ones just written to the
+    cache; given, the chunk's keys are read from them and only the cached prefix from the pages."""
     # q: [total_q, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
         raise ValueError("q must be [tokens, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]")
+    if (k is None) != (v is None):
+        raise ValueError("pass both k and v (the chunk's rows), or neither")
+    if k is not None and (k.shape != v.shape or k.shape != (q.shape[0], k_cache.shape[2], q.shape[2])):
+        raise ValueError("k and v must be [total_q, kv_heads, head_dim], the rows of the chunk's tokens")
     if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32:
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
     config, out = prepare(q, k_cache, v_cache, device, config, out)
+    if k is not None:
+        prepare(q, k, v, device, config, out)
     if q.shape[0] == 0:
         return out
     return launch(
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
-        sliding_window, softcap, True, config,
+        q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
+        sliding_window, softcap, config,
     )  # fmt: skip

@@ -129,9 +129,12 @@ def _gather_paged(cache, table_row, length):
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0,
+    sliding_window=None, softcap=0.0, k=None, v=None,
 ):  # fmt: skip
-    """Varlen queries (the last tokens of each sequence) against their paged K/V, prefix included."""
+    """Varlen queries (the last tokens of each sequence) against their paged K/V, prefix included.
+
+    k, v (the chunk's own rows, already in the cache) are accepted for the Triton signature; the
+    reference reads every key from the pages."""
     # q: [total_q, q_heads, head_dim]; cu_seqlens_q: [batch + 1]; seq_lens: [batch]
     out = torch.empty_like(q)
     starts = cu_seqlens_q.tolist()

@@ -24,4 +24,6 @@ def varlen_attention(
     config, out = prepare(q, k, v, device, config, out)
     if q.shape[0] == 0:
         return out
-    return launch(q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens, scale, max_seqlen, causal, None, 0.0, False, config)
+    return launch(
+        q, k, v, None, None, out, cu_seqlens, cu_seqlens, cu_seqlens, scale, max_seqlen, causal, None, 0.0, config
+    )

@@ -58,18 +58,18 @@ class Attention(nn.Module):
         k_cache, v_cache = self.kv_cache
         write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping)
         if ctx.is_prefill and ctx.num_decode_seqs:
-            return self._mixed(q, k_cache, v_cache, ctx)
-        if ctx.is_prefill:
+            return self._mixed(q, k, v, k_cache, v_cache, ctx)
+        if ctx.is_prefill:  # the chunk's keys from k/v as they are, the cached prefix from the pages
             return paged_prefill_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,
-                ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
+                ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap, k=k, v=v,
             )  # fmt: skip
         return paged_decode_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap,
         )  # fmt: skip
 
-    def _mixed(self, q, k_cache, v_cache, ctx) -> torch.Tensor:
+    def _mixed(self, q, k, v, k_cache, v_cache, ctx) -> torch.Tensor:
         """Decode rows (the first num_decode_seqs, one token each) on the split-k decode kernel, the
         prefill rows on the prefill kernel."""
         nd = ctx.num_decode_seqs
@@ -81,6 +81,7 @@ class Attention(nn.Module):
         out[nd:] = paged_prefill_attention(
             q[nd:], k_cache, v_cache, ctx.prefill_block_tables, ctx.prefill_cu_seqlens_q, ctx.prefill_seq_lens,
             self.scale, ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
+            k=k[nd:], v=v[nd:],
         )  # fmt: skip
         return out
 

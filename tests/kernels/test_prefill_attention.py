@@ -28,7 +28,13 @@ def _batch(page):
     return [(5, 5), (page + 1, 1), (2 * page + 3, page + 2), (page - 1, page - 1)]
 
 
-def _run(group, head_dim, dtype, page, causal=True, window=None, softcap=0.0, device=None, config=SMALL):
+def _chunk_rows(cache, tables, pairs):
+    """The rows of each sequence's new tokens, read back from its pages: what the engine just wrote."""
+    rows = [reference._gather_paged(cache, tables[i], kv)[kv - n :] for i, (kv, n) in enumerate(pairs)]
+    return torch.cat(rows).contiguous()
+
+
+def _run(group, head_dim, dtype, page, causal=True, window=None, softcap=0.0, device=None, config=SMALL, rows=False):
     pairs = _batch(page)
     lens = [kv for kv, _ in pairs]
     kv_heads = KV_HEADS if ON_GPU or group < 8 else 1
@@ -39,7 +45,8 @@ def _run(group, head_dim, dtype, page, causal=True, window=None, softcap=0.0, de
     q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
     out = poisoned_like(q)
     args = (tables, cu, seq_lens, head_dim**-0.5, max(new), causal, window, softcap)
-    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, device=device, config=config, out=out)
+    kv = (_chunk_rows(k_cache, tables, pairs), _chunk_rows(v_cache, tables, pairs)) if rows else (None, None)
+    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, *kv, device=device, config=config, out=out)
     ref = reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
     return out, ref
 
@@ -69,6 +76,54 @@ def test_prefill_window_softcap_noncausal(causal, window, softcap):
     assert_close(out, ref, torch.float16)
 
 
+# The chunk's keys from its own rows (the prefix from the pages), through pointers and through TMA descriptors
+# (the interpreter runs descriptors too; fp32 and padded head dims fall back to pointers inside the launch).
+ROW_CONFIGS = {"rows": PrefillConfig(16, 16, 4, 1), "tma": PrefillConfig(16, 16, 4, 1, tma=True)}
+
+
+@pytest.mark.parametrize("source", ["rows", "tma"])
+@pytest.mark.parametrize("group,head_dim,page,dtype", PARAMS, ids=str)
+def test_prefill_chunk_rows_match_reference(group, head_dim, page, dtype, source):
+    config = TABLES["sm_90"].prefill_config(head_dim) if ON_GPU and source == "tma" else ROW_CONFIGS[source]
+    out, ref = _run(group, head_dim, dtype, page, config=config, rows=True)
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("source", ["rows", "tma"])
+@pytest.mark.parametrize(
+    "causal,window,softcap",
+    [(True, 7, 0.0), (True, 40, 0.0), (True, None, 3.0)],
+    ids=["window7", "window40", "softcap3"],
+)
+def test_prefill_chunk_rows_window_softcap(causal, window, softcap, source):
+    out, ref = _run(4, 64, torch.float16, 16, causal, window, softcap, config=ROW_CONFIGS[source], rows=True)
+    assert_close(out, ref, torch.float16)
+
+
+def test_tma_descriptors_only_where_they_can_run():
+    tma = ROW_CONFIGS["tma"]
+    rows = torch.zeros(40, 2, 64, dtype=torch.float16, device=DEV)
+    assert prefill._tma_descriptors(rows, rows, rows, tma) is not None
+    assert prefill._tma_descriptors(rows, rows, rows, ROW_CONFIGS["rows"]) is None  # the config does not ask
+    assert prefill._tma_descriptors(rows.float(), rows.float(), rows.float(), tma) is None  # fp32: ieee pointer path
+    padded = torch.zeros(40, 2, 80, dtype=torch.float16, device=DEV)
+    assert prefill._tma_descriptors(padded, padded, padded, tma) is None  # would read the next head's columns
+    strided = torch.zeros(40, 2, 72, dtype=torch.float16, device=DEV)[:, :, :64]
+    assert prefill._tma_descriptors(strided, strided, strided, tma) is None  # heads not adjacent in a row
+
+
+def test_prefill_rejects_mismatched_rows():
+    q = torch.zeros(4, 2, 16, device=DEV)
+    cache = torch.zeros(2, 16, 1, 16, device=DEV)
+    i32 = torch.zeros(2, dtype=torch.int32, device=DEV)
+    args = (i32.view(1, 2), torch.tensor([0, 4], dtype=torch.int32, device=DEV), i32[:1] + 4, 0.25, 4)
+    with pytest.raises(ValueError, match="both k and v"):
+        prefill.paged_prefill_attention(q, cache, cache, *args, k=torch.zeros(4, 1, 16, device=DEV))
+    with pytest.raises(ValueError, match="rows of the chunk"):
+        rows = torch.zeros(3, 1, 16, device=DEV)
+        prefill.paged_prefill_attention(q, cache, cache, *args, k=rows, v=rows)
+
+
 # On CPU the interpreter ignores warps and stages, so only the archs with their own block sizes run there.
 @pytest.mark.parametrize("arch", list(ARCHS) if ON_GPU else ["sm_70", "sm_75"], ids=str)
 def test_prefill_every_arch_config_runs_here(arch):
@@ -76,9 +131,10 @@ def test_prefill_every_arch_config_runs_here(arch):
     assert_close(out, ref, torch.float16)
 
 
+@pytest.mark.parametrize("source", ["rows", "tma"])
 @pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (80, torch.float32), (128, torch.float16)], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_varlen_matches_reference(head_dim, dtype, causal):
+def test_varlen_matches_reference(head_dim, dtype, causal, source):
     lens = [1, 17, 64] if not ON_GPU else [1, 257, 1024, 4096]  # one image per sequence
     cu = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
     heads, kv_heads = (4, 4) if head_dim != 128 else (4, 2)
@@ -86,6 +142,9 @@ def test_varlen_matches_reference(head_dim, dtype, causal):
     k = torch.randn(sum(lens), kv_heads, head_dim, device=DEV).to(dtype)
     v = torch.randn(sum(lens), kv_heads, head_dim, device=DEV).to(dtype)
     out = poisoned_like(q)
-    varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, config=SMALL, out=out)
+    config = (
+        ROW_CONFIGS[source] if not ON_GPU else TABLES["sm_90" if source == "tma" else "sm_80"].prefill_config(head_dim)
+    )
+    varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, config=config, out=out)
     ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
     assert_close(out, ref, dtype)
