@@ -145,8 +145,6 @@ def tune_prefill(device):
     cands = [PrefillConfig(*c, tma=True) for c in
              [(128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3),
               (128, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4)]]  # fmt: skip
-    cands += [PrefillConfig(*c, tma=True, warp_specialize=True) for c in [(128, 128, 8, 3), (128, 128, 4, 3),
-              (128, 64, 4, 3), (128, 64, 8, 2)]]  # fmt: skip
     length = 16384
     q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, _, _ = prefill_inputs(torch.float16, 1, length)
     times = {}

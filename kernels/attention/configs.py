@@ -27,7 +27,7 @@ is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -53,7 +53,6 @@ class PrefillConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # contiguous rows (fresh chunk K/V, vision Q/K/V) through TMA tensor descriptors (sm_90+)
-    warp_specialize: bool = False  # producer/consumer warps for the unmasked key loop (Triton's tl.range option)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +60,49 @@ class ArchTable:
     arch: str
     supports_bf16: bool
     bandwidth_gbs: float  # typical HBM bandwidth of the family, for the split heuristic's wave model
-    # keyed by the padded head dim bucket: 64 (<= 64), 128 (<= 128), 256 (<= 256)
+    smem_kb: int  # shared memory one block may use
+    # keyed by the padded head dim bucket: 64 (<= 64), 128 (<= 128), 256 (<= 256); tuned for 2-byte dtypes
     decode: dict[int, DecodeConfig] = field(default_factory=dict)
     prefill: dict[int, PrefillConfig] = field(default_factory=dict)
 
-    def decode_config(self, head_dim: int) -> DecodeConfig:
-        return self.decode[_bucket(head_dim)]
+    def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
+        config = self.decode[_bucket(head_dim)]
+        return _fit(config, lambda c: decode_smem_bytes(c, head_dim, dtype.itemsize), self.smem_kb)
 
-    def prefill_config(self, head_dim: int) -> PrefillConfig:
-        return self.prefill[_bucket(head_dim)]
+    def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
+        config = self.prefill[_bucket(head_dim)]
+        return _fit(config, lambda c: prefill_smem_bytes(c, head_dim, dtype.itemsize), self.smem_kb)
+
+
+def prefill_smem_bytes(c: PrefillConfig, head_dim: int, itemsize: int) -> int:
+    """Shared memory Triton allocates for the prefill kernel: the Q tile plus num_stages K and V tiles (and
+    barriers); matched the 295,936 bytes Triton 3.6 reported for 128x128 tiles, 4 stages, head_dim 128, fp16."""
+    d = _pow2(head_dim)
+    return (c.block_m * d + c.num_stages * 2 * c.block_n * d) * itemsize + 1024
+
+
+def decode_smem_bytes(c: DecodeConfig, head_dim: int, itemsize: int) -> int:
+    """The decode kernel's share: num_stages K and V tiles of block_n tokens plus the 16-row query tile."""
+    d = _pow2(head_dim)
+    return (16 * d + c.num_stages * 2 * c.block_n * d) * itemsize + 1024
+
+
+def _fit(config, need, smem_kb: int):
+    """The tuned config made to fit (fp32 doubles every tile): down to two stages, then fewer keys per tile,
+    then one stage, then fewer query rows."""
+    while need(config) > smem_kb * 1024 and config.num_stages > 2:
+        config = replace(config, num_stages=config.num_stages - 1)
+    while need(config) > smem_kb * 1024 and config.block_n > 16:
+        config = replace(config, block_n=config.block_n // 2)
+    while need(config) > smem_kb * 1024 and config.num_stages > 1:
+        config = replace(config, num_stages=config.num_stages - 1)
+    while isinstance(config, PrefillConfig) and need(config) > smem_kb * 1024 and config.block_m > 16:
+        config = replace(config, block_m=config.block_m // 2)
+    return config
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def _bucket(head_dim: int) -> int:
@@ -83,31 +116,31 @@ D, P = DecodeConfig, PrefillConfig
 TABLES: dict[str, ArchTable] = {
     # FMA dot, 96 KB smem, no async copy: one stage; prefill 64x32 keeps the FMA register tile small.
     "sm_70": ArchTable(
-        "sm_70", False, 900.0,
+        "sm_70", False, 900.0, 96,
         decode={64: D(32, 4, 1, 4), 128: D(32, 4, 1, 4), 256: D(16, 4, 1, 2)},
         prefill={64: P(64, 32, 4, 1), 128: P(64, 32, 4, 1), 256: P(32, 16, 4, 1)},
     ),
     # mma.m16n8k8 fp16 but only 64 KB smem and no cp.async: one stage, K+V tiles <= 32 KB.
     "sm_75": ArchTable(
-        "sm_75", False, 320.0,
+        "sm_75", False, 320.0, 64,
         decode={64: D(64, 4, 1, 4), 128: D(32, 4, 1, 4), 256: D(16, 4, 1, 2)},
         prefill={64: P(64, 64, 4, 1), 128: P(64, 32, 4, 1), 256: P(32, 16, 4, 1)},
     ),
     # 164 KB smem and cp.async: deep pipelines; 128x64 prefill tiles at head_dim <= 128.
     "sm_80": ArchTable(
-        "sm_80", True, 2000.0,
+        "sm_80", True, 2000.0, 163,
         decode={64: D(64, 4, 3, 4), 128: D(64, 4, 3, 3), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3), 128: P(128, 64, 8, 3), 256: P(64, 32, 4, 2)},
     ),
     # 100 KB smem: two stages, 64-row tiles at head_dim 128.
     "sm_86": ArchTable(
-        "sm_86", True, 900.0,
+        "sm_86", True, 900.0, 99,
         decode={64: D(64, 4, 2, 4), 128: D(64, 4, 2, 2), 256: D(32, 4, 2, 2)},
         prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
     ),
     # Same smem as sm_86 (Ada); more L2 (48-96 MB) but the same tile limits.
     "sm_89": ArchTable(
-        "sm_89", True, 800.0,
+        "sm_89", True, 800.0, 99,
         decode={64: D(64, 4, 2, 4), 128: D(64, 4, 2, 2), 256: D(32, 4, 2, 2)},
         prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
     ),
@@ -115,7 +148,7 @@ TABLES: dict[str, ArchTable] = {
     # stages keeps ~64 KB of K/V in flight per CTA. Both picked by the H200 sweep in benchmarks/attention.py --tune
     # (decode: 8 candidates x 4 shapes, 64/4/4 best or within 1%; prefill: 8 candidates at L=16k, 128/128/8/3 best).
     "sm_90": ArchTable(
-        "sm_90", True, 4000.0,
+        "sm_90", True, 4000.0, 227,
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3, True), 128: P(128, 128, 8, 3, True), 256: P(64, 64, 8, 2, True)},
     ),

@@ -155,7 +155,7 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
 def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | None = None) -> int:
     """The heuristic's split count from host-known values; the context bound is the block table's width."""
     table = table_for(device)
-    config = config or table.decode_config(q.shape[-1])
+    config = config or table.decode_config(q.shape[-1], q.dtype)
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
@@ -175,7 +175,7 @@ def paged_decode_attention(
     device = device or device_for(q)
     table = table_for(device)
     check_dtype(table, q.dtype)
-    config = config or table.decode_config(q.shape[-1])
+    config = config or table.decode_config(q.shape[-1], q.dtype)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads

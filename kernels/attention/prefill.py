@@ -34,7 +34,10 @@ except ImportError:  # triton < 3.4: no host tensor descriptors, pointer loads o
     TensorDescriptor = None
 
 LOG2E = 1.4426950408889634
-SRC_PAGED, SRC_ROWS, SRC_TMA = 0, 1, 2  # where a span's keys come from
+# Launch order. Up to this many query tiles per sequence, all heads' longest tiles go first (the H200, L=4k:
+# +9% over head-by-head); above it one head's tiles run together and stream the same K/V through the L2
+# (L=64k: heads-first was 4% slower). Measured with benchmarks/attention.py's shapes, fp16, 128-row tiles.
+HEADS_FIRST_MAX_TILES = 128
 
 
 @triton.jit
@@ -56,10 +59,10 @@ def _keys(
     offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-    WS: tl.constexpr,
 ):  # fmt: skip
-    """Keys lo..hi (source-local index t; absolute position key_off + t) into the online softmax."""
-    for t0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+    """Keys lo..hi (source-local index t; absolute position key_off + t) into the online softmax.
+    SRC: 0 the paged cache through the block table, 1 contiguous rows by pointers, 2 rows by TMA descriptors."""
+    for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_ok = offs_t < limit
         if SRC == 2:  # TMA: rows row0 + t of a [tokens, heads * d] descriptor, this head's columns
@@ -112,7 +115,6 @@ def _span(
     offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-    WS: tl.constexpr,
 ):  # fmt: skip
     """One source's keys t in [0, limit) (absolute position key_off + t) for query rows first..last."""
     if CAUSAL:
@@ -135,17 +137,17 @@ def _span(
     acc, l_i, m_i = _keys(
         acc, l_i, m_i, q, k_src, v_src, table, lo, full_lo, key_off, limit, pos, window, pre_scale, post_scale,
         offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, False,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
     )  # fmt: skip
     acc, l_i, m_i = _keys(
         acc, l_i, m_i, q, k_src, v_src, table, full_lo, full_hi, key_off, limit, pos, window, pre_scale, post_scale,
         offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
     )  # fmt: skip
     acc, l_i, m_i = _keys(
         acc, l_i, m_i, q, k_src, v_src, table, full_hi, hi, key_off, limit, pos, window, pre_scale, post_scale,
         offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, False,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
     )  # fmt: skip
     return acc, l_i, m_i
 
@@ -159,11 +161,15 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, ROWS: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-    PRECISION: tl.constexpr, WS: tl.constexpr,
+    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):  # fmt: skip
-    m_blk = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal tiles first
+    if HEADS_FIRST:  # every head's tile m before any head's tile m - 1: longest causal tiles first overall
+        h = tl.program_id(0)
+        m_blk = tl.num_programs(2) - 1 - tl.program_id(2)
+    else:  # one head's tiles together (longest first), so running programs share that head's K/V in the L2
+        m_blk = tl.num_programs(0) - 1 - tl.program_id(0)
+        h = tl.program_id(2)
     b = tl.program_id(1)
-    h = tl.program_id(2)
     kvh = h // GROUP
     q_start = tl.load(cu_q_ptr + b)
     q_len = tl.load(cu_q_ptr + b + 1) - q_start
@@ -200,21 +206,21 @@ def _prefill_kernel(
             acc, l_i, m_i, q, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_dh,
             tables_ptr + b.to(tl.int64) * stride_tb, 0, paged_end, first, last, pos, window, pre_scale, post_scale,
             offs_d, d_ok, 0, 0, stride_cb, stride_ct, stride_db, stride_dt,
-            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
         )  # fmt: skip
     if ROWS:  # the chunk's own keys, contiguous rows from q_start
         if TMA:
             acc, l_i, m_i = _span(
                 acc, l_i, m_i, q, k_desc, v_desc, tables_ptr, prefix, q_len, first, last, pos, window,
                 pre_scale, post_scale, offs_d, d_ok, q_start, kvh * HEAD_DIM, 0, 0, 0, 0,
-                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
             )  # fmt: skip
         else:
             acc, l_i, m_i = _span(
                 acc, l_i, m_i, q, k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh,
                 v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh, tables_ptr, prefix, q_len, first, last,
                 pos, window, pre_scale, post_scale, offs_d, d_ok, 0, 0, 0, stride_kt, 0, stride_vt,
-                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, WS,
+                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
             )  # fmt: skip
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + offs_m).to(tl.int64) * stride_ot + h * stride_oh
@@ -262,7 +268,9 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
         pre_scale, post_scale = scale / softcap, softcap * LOG2E
     else:
         pre_scale, post_scale = 1.0, scale * LOG2E
-    grid = (triton.cdiv(max(int(max_seqlen_q), 1), config.block_m), batch, q_heads)
+    m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), config.block_m)
+    heads_first = m_blocks <= HEADS_FIRST_MAX_TILES
+    grid = (q_heads, batch, m_blocks) if heads_first else (m_blocks, batch, q_heads)
     _prefill_kernel[grid](
         q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables,
         float(pre_scale), float(post_scale), int(window or 0),
@@ -273,7 +281,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
         ROWS=rows, TMA=descs is not None, CAUSAL=bool(causal),
         HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=bool(softcap and softcap > 0),
         EVEN_D=triton.next_power_of_2(head_dim) == head_dim,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", WS=config.warp_specialize,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEADS_FIRST=heads_first,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
@@ -289,7 +297,7 @@ def prepare(q, k, v, device, config, out):
         raise ValueError("the last (head_dim) dimension of q, k and v must be contiguous")
     table = table_for(device or device_for(q))
     check_dtype(table, q.dtype)
-    return config or table.prefill_config(q.shape[-1]), torch.empty_like(q) if out is None else out
+    return config or table.prefill_config(q.shape[-1], q.dtype), torch.empty_like(q) if out is None else out
 
 
 def paged_prefill_attention(

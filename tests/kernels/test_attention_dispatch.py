@@ -34,6 +34,27 @@ def test_every_capability_dtype_pair(arch, dtype):
         configs.check_dtype(configs.table_for(device), dtype)
 
 
+@pytest.mark.parametrize("arch", list(ARCHS), ids=str)
+def test_every_config_fits_its_shared_memory(arch):
+    table = configs.TABLES[arch]
+    for head_dim in (64, 80, 96, 128, 256):
+        for dtype in (torch.float16, torch.float32):
+            pre, dec = table.prefill_config(head_dim, dtype), table.decode_config(head_dim, dtype)
+            assert configs.prefill_smem_bytes(pre, head_dim, dtype.itemsize) <= table.smem_kb * 1024
+            assert configs.decode_smem_bytes(dec, head_dim, dtype.itemsize) <= table.smem_kb * 1024
+            if dtype == torch.float16:  # the tuned 2-byte configs are used as written
+                assert pre == table.prefill[configs._bucket(head_dim)]
+                assert dec == table.decode[configs._bucket(head_dim)]
+
+
+def test_fp32_shrinks_the_tuned_tiles_where_they_overflow():
+    # sm_90 prefill at head_dim 128: 128x128 tiles, 3 stages take 225 KB in fp16; fp32 would need 449 KB
+    fp32 = configs.TABLES["sm_90"].prefill_config(128, torch.float32)
+    assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 64, 2)
+    assert configs.TABLES["sm_90"].prefill_config(80, torch.float32) == fp32  # 80 pads to 128
+    assert configs.TABLES["sm_90"].decode_config(128, torch.float32).num_stages == 3
+
+
 def test_unknown_archs_take_the_closest_older_table():
     assert configs.table_for(sim_device((8, 7))).arch == "sm_86"
     assert configs.table_for(sim_device((12, 0))).arch == "sm_90"
