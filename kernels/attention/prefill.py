@@ -34,9 +34,9 @@ except ImportError:  # triton < 3.4: no host tensor descriptors, pointer loads o
     TensorDescriptor = None
 
 LOG2E = 1.4426950408889634
-# Launch order. Up to this many query tiles per sequence, all heads' longest tiles go first (the H200, L=4k:
-# +9% over head-by-head); above it one head's tiles run together and stream the same K/V through the L2
-# (L=64k: heads-first was 4% slower). Measured with benchmarks/attention.py's shapes, fp16, 128-row tiles.
+# Launch order. Up to this many query tiles per head (all sequences), all heads' longest tiles go first (the
+# H200: +9% at B=1 L=4k, +11% at B=4 L=4k over head-by-head); above it one head's tiles run together and stream
+# the same K/V through the L2 (heads-first lost 4% at B=1 L=64k and 6% at B=4 L=16k). fp16, 128-row tiles.
 HEADS_FIRST_MAX_TILES = 128
 
 
@@ -269,7 +269,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     else:
         pre_scale, post_scale = 1.0, scale * LOG2E
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), config.block_m)
-    heads_first = m_blocks <= HEADS_FIRST_MAX_TILES
+    heads_first = m_blocks * batch <= HEADS_FIRST_MAX_TILES
     grid = (q_heads, batch, m_blocks) if heads_first else (m_blocks, batch, q_heads)
     _prefill_kernel[grid](
         q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables,

@@ -84,7 +84,7 @@ ROW_CONFIGS = {"rows": PrefillConfig(16, 16, 4, 1), "tma": PrefillConfig(16, 16,
 @pytest.mark.parametrize("source", ["rows", "tma"])
 @pytest.mark.parametrize("group,head_dim,page,dtype", PARAMS, ids=str)
 def test_prefill_chunk_rows_match_reference(group, head_dim, page, dtype, source):
-    config = TABLES["sm_90"].prefill_config(head_dim) if ON_GPU and source == "tma" else ROW_CONFIGS[source]
+    config = TABLES["sm_90"].prefill_config(head_dim, dtype) if ON_GPU and source == "tma" else ROW_CONFIGS[source]
     out, ref = _run(group, head_dim, dtype, page, config=config, rows=True)
     assert_close(out, ref, dtype)
 
@@ -143,7 +143,9 @@ def test_varlen_matches_reference(head_dim, dtype, causal, source):
     v = torch.randn(sum(lens), kv_heads, head_dim, device=DEV).to(dtype)
     out = poisoned_like(q)
     config = (
-        ROW_CONFIGS[source] if not ON_GPU else TABLES["sm_90" if source == "tma" else "sm_80"].prefill_config(head_dim)
+        ROW_CONFIGS[source]
+        if not ON_GPU
+        else TABLES["sm_90" if source == "tma" else "sm_80"].prefill_config(head_dim, dtype)
     )
     varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, config=config, out=out)
     ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
