@@ -290,6 +290,7 @@ def markdown(res):
     lines += ["", "## Targets", ""]
     for name, t in res["targets"].items():
         status = "met" if t["met"] else f"MISSED on {len(t['missed'])}/{t['cases']}: {', '.join(t['missed'])}"
+        status = status if t["cases"] else "not measured in this run"
         lines.append(f"- {name}: {status}")
     return "\n".join(lines) + "\n"
 
