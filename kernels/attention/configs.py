@@ -17,8 +17,9 @@ Facts the tables rest on (per SM unless said otherwise):
 - sm_86 / sm_89 (A10/A6000/RTX 30xx, L4/L40/RTX 40xx): 100 KB shared memory
   per SM (99 KB per block): 2 stages, 64-row prefill tiles for head_dim 128.
 - sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
-  tl.dot with 4-warp groups and M >= 64, HBM3(e) 3.3-4.8 TB/s: 128-row prefill
-  tiles with 8 warps, 3 stages; decode wants many CTAs in flight (see splits.py).
+  tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: 128-row
+  prefill tiles with 8 warps, 3 stages, contiguous rows through TMA descriptors;
+  decode wants many CTAs in flight (see splits.py).
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (M = 16 rows, the smallest tl.dot). Prefill
