@@ -1,12 +1,15 @@
 """Attention kernels on a GPU: paged decode (heuristic vs swept split counts) and prefill, against torch SDPA.
 
-    PYTHONPATH=. python benchmarks/attention.py [--out DIR] [--quick]
+    PYTHONPATH=. python benchmarks/attention.py [--out DIR] [--quick] [--tune] [--prefill-only]
+                                                [--decode-shapes 1x4096,8x4096]
 
 Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16,
 shuffled blocks), timed as CUDA-graph replays over enough KV copies to defeat the
 L2 (>= 256 MB per replay), against SDPA on contiguous KV and the device-to-device
-copy bandwidth measured in the same run. Prefill: causal, fresh sequences, heads
-32/8, head_dim 128, TFLOP/s against SDPA (flash backend, K/V expanded to 32 heads).
+copy bandwidth measured in the same run. Prefill: causal, heads 32/8, head_dim 128,
+TFLOP/s against SDPA (K/V expanded to 32 heads) for fresh sequences, on the engine's
+path (the chunk's own K/V rows) and with every key from the pages; plus chunks after
+a cached prefix. The whole decode grid takes ~10 minutes on an H200.
 Writes attention_<device>.json and .md under --out and prints the tables.
 """
 
@@ -295,12 +298,23 @@ def markdown(res):
     return "\n".join(lines) + "\n"
 
 
+def _shapes(text):
+    """'1x4096,8x4096' -> [(1, 4096), (8, 4096)]"""
+    try:
+        return [tuple(int(x) for x in pair.split("x")) for pair in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT[,BATCHxCONTEXT...], got {text!r}") from None
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
     parser.add_argument("--tune", action="store_true", help="first pick the decode/prefill configs by a sweep")
     parser.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
+    parser.add_argument(
+        "--decode-shapes", type=_shapes, help="decode (batch x context) pairs instead of the grid, e.g. 1x4096,8x4096"
+    )
     args = parser.parse_args()
     device = get_device_info()
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
@@ -317,7 +331,8 @@ def main():
         res["decode_config"], res["prefill_config"] = str(dec_cfg), str(pre_cfg)
     bw = res["copy_gbs"] * 1e3  # bytes per microsecond
     res["decode"], res["prefill"] = [], []
-    shapes = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
+    shapes = args.decode_shapes or (DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES)
+    shapes = [] if args.prefill_only else shapes
     for dtype in (torch.float16, torch.bfloat16):
         for q_heads, kv_heads in ((32, 32), (32, 8)):
             for batch, ctx in shapes:
