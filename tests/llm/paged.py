@@ -13,6 +13,7 @@ import torch
 
 from llm.engine.context import AttentionMetadata, use_context
 from llm.layers.attention import Attention
+from tests.llm.tiny import rel_err
 
 
 class PagedCache:
@@ -74,6 +75,27 @@ class PagedCache:
         while len(out) < max_new_tokens:
             out.append(int(self.step(model, [(seq_id, [out[-1]])])[-1].argmax()))
         return out
+
+
+@torch.no_grad()
+def check_chunked_prefill_then_decode(model, hf, prompt: list[int], rtol: float, name: str) -> None:
+    """One step holds a sequence's second prefill chunk (over its cached first chunk) and another's whole
+    prompt, the next a pure decode step of both; each sequence's last logits match transformers'."""
+
+    def hf_last(ids):
+        return hf(torch.tensor([ids])).logits[0, -1]
+
+    a, b = prompt, prompt[::-1][:13]
+    cache = PagedCache(model)
+    cache.step(model, [(0, a[:7])])
+    logits = cache.step(model, [(0, a[7:]), (1, b)])  # [len(a) - 7 + 13, vocab]
+    last_a = len(a) - 7 - 1
+    assert rel_err(logits[last_a], hf_last(a)) < rtol, name
+    assert rel_err(logits[-1], hf_last(b)) < rtol, name
+    next_a, next_b = int(logits[last_a].argmax()), int(logits[-1].argmax())
+    decoded = cache.step(model, [(0, [next_a]), (1, [next_b])])
+    assert rel_err(decoded[0], hf_last(a + [next_a])) < rtol, name
+    assert rel_err(decoded[1], hf_last(b + [next_b])) < rtol, name
 
 
 def attention_layers(model) -> list[Attention]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llm.weights import load_model
-from tests.llm.paged import PagedCache
+from tests.llm.paged import PagedCache, check_chunked_prefill_then_decode
 from tests.llm.tiny import hf_greedy, rel_err
 
 RTOL = 1e-4
@@ -64,14 +64,9 @@ def pair(request, tmp_path_factory):
 
 
 @torch.no_grad()
-def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
-    return hf(torch.tensor([ids])).logits[0]  # [tokens, vocab]
-
-
-@torch.no_grad()
 def test_prompt_logits_match_transformers(pair):
     name, ours, hf = pair
-    expected = _hf_logits(hf, PROMPT)
+    expected = hf(torch.tensor([PROMPT])).logits[0]  # [tokens, vocab]
     got = PagedCache(ours).step(ours, [(0, PROMPT)])
     assert rel_err(got, expected) < RTOL, name
     if name == "softcap-scaled-rope":
@@ -86,20 +81,9 @@ def test_greedy_16_tokens_match_transformers(pair):
     assert len(set(expected)) > 3, "the reference continuation should not be degenerate"
 
 
-@torch.no_grad()
 def test_mixed_batch_with_chunked_prefill_and_decode(pair):
-    """A second prefill chunk over a cached first chunk, another whole prompt, then decode of both."""
     name, ours, hf = pair
-    a, b = PROMPT, PROMPT[::-1][:13]
-    cache = PagedCache(ours)
-    cache.step(ours, [(0, a[:7])])
-    logits = cache.step(ours, [(0, a[7:]), (1, b)])
-    assert rel_err(logits[12], _hf_logits(hf, a)[-1]) < RTOL, name
-    assert rel_err(logits[-1], _hf_logits(hf, b)[-1]) < RTOL, name
-    next_a, next_b = int(logits[12].argmax()), int(logits[-1].argmax())
-    decoded = cache.step(ours, [(0, [next_a]), (1, [next_b])])
-    assert rel_err(decoded[0], _hf_logits(hf, a + [next_a])[-1]) < RTOL, name
-    assert rel_err(decoded[1], _hf_logits(hf, b + [next_b])[-1]) < RTOL, name
+    check_chunked_prefill_then_decode(ours, hf, PROMPT, RTOL, name)
 
 
 def test_layers_get_their_window_and_rope(pair):

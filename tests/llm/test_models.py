@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from llm.errors import UnsupportedModelError
 from llm.models.registry import _MODELS, get_model_class
 from llm.weights import load_model
-from tests.llm.paged import PagedCache
+from tests.llm.paged import PagedCache, check_chunked_prefill_then_decode
 from tests.llm.tiny import hf_greedy, rel_err
 
 RTOL = 1e-4
@@ -149,20 +149,9 @@ def test_greedy_16_tokens_match_transformers(family):
     assert len(set(expected)) > 3, "the reference continuation should not be degenerate"
 
 
-@torch.no_grad()
 def test_mixed_batch_with_chunked_prefill_and_decode(family):
-    """One step holds a sequence's second prefill chunk (over its cached first chunk) and another's whole prompt."""
     name, ours, hf = family
-    a, b = PROMPT, PROMPT[::-1][:13]
-    cache = PagedCache(ours)
-    cache.step(ours, [(0, a[:7])])
-    logits = cache.step(ours, [(0, a[7:]), (1, b)])  # [13 + 13, vocab]
-    assert rel_err(logits[12], hf(torch.tensor([a])).logits[0, -1]) < RTOL, name
-    assert rel_err(logits[-1], hf(torch.tensor([b])).logits[0, -1]) < RTOL, name
-    next_a, next_b = int(logits[12].argmax()), int(logits[-1].argmax())
-    decoded = cache.step(ours, [(0, [next_a]), (1, [next_b])])  # a pure decode step of two sequences
-    assert rel_err(decoded[0], hf(torch.tensor([a + [next_a]])).logits[0, -1]) < RTOL, name
-    assert rel_err(decoded[1], hf(torch.tensor([b + [next_b]])).logits[0, -1]) < RTOL, name
+    check_chunked_prefill_then_decode(ours, hf, PROMPT, RTOL, name)
 
 
 @torch.no_grad()
