@@ -3,36 +3,11 @@
 import pytest
 from transformers import InternVLForConditionalGeneration
 
-from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.references import hf_inputs_for
 from tests.vision.tiny_vlm import make_tiny_internvl
 
-
-class InternVL(checks.FamilyChecks):
-    hf_class = InternVLForConditionalGeneration
-
-    @staticmethod
-    def hf_inputs(prompt):
-        return hf_inputs_for("internvl", prompt)
-
-
-INTERNVL = InternVL()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_internvl(tmp_path_factory.mktemp("internvl"))
-
-
-@pytest.fixture(scope="module")
-def family(model_dir):
-    return INTERNVL.setup_family(model_dir)
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+INTERNVL = checks.FamilyChecks(InternVLForConditionalGeneration, "internvl")
+model_dir, family, llm = checks.module_fixtures(INTERNVL, make_tiny_internvl, "internvl")
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])

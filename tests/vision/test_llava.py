@@ -8,38 +8,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlavaForConditionalGeneration
 
-from llm import LLM
 from llm.errors import WeightMismatchError
 from llm.weights import load_model
 from tests.vision import vlm_checks as checks
-from tests.vision.references import hf_inputs_for, image, our_prompt_logits, rel_err
+from tests.vision.references import image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_llava
 
-
-class Llava(checks.FamilyChecks):
-    hf_class = LlavaForConditionalGeneration
-
-    @staticmethod
-    def hf_inputs(prompt):
-        return hf_inputs_for("llava", prompt)
-
-
-LLAVA = Llava()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_llava(tmp_path_factory.mktemp("llava"))
-
-
-@pytest.fixture(scope="module")
-def family(model_dir):
-    return LLAVA.setup_family(model_dir)
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+LLAVA = checks.FamilyChecks(LlavaForConditionalGeneration, "llava")
+model_dir, family, llm = checks.module_fixtures(LLAVA, make_tiny_llava, "llava")
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])
@@ -108,6 +84,6 @@ def test_every_checkpoint_layout_loads(family, model_dir, tmp_path):
 
 def test_siglip_tower_with_full_feature_strategy(tmp_path):
     """LLaVA over a SigLIP tower (no CLS, vision_feature_select_strategy="full")."""
-    siglip = Llava()
+    siglip = checks.FamilyChecks(LlavaForConditionalGeneration, "llava")
     family = siglip.setup_family(make_tiny_llava(tmp_path, tower="siglip"))
     checks.check_logits(siglip, family, "one_image")

@@ -3,31 +3,11 @@
 import pytest
 from transformers import LlavaNextForConditionalGeneration
 
-from llm import LLM
 from tests.vision import vlm_checks as checks
-from tests.vision.references import hf_inputs_for
 from tests.vision.tiny_vlm import make_tiny_llava_next
 
-
-class LlavaNext(checks.FamilyChecks):
-    hf_class = LlavaNextForConditionalGeneration
-
-    @staticmethod
-    def hf_inputs(prompt):
-        return hf_inputs_for("llava-next", prompt)
-
-
-LLAVA_NEXT = LlavaNext()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_llava_next(tmp_path_factory.mktemp("llava-next"))
-
-
-@pytest.fixture(scope="module")
-def family(model_dir):
-    return LLAVA_NEXT.setup_family(model_dir)
+LLAVA_NEXT = checks.FamilyChecks(LlavaNextForConditionalGeneration, "llava-next")
+model_dir, family, llm = checks.module_fixtures(LLAVA_NEXT, make_tiny_llava_next, "llava-next")
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])
@@ -35,8 +15,7 @@ def test_prompt_logits_match_transformers(family, name):
     checks.check_logits(LLAVA_NEXT, family, name)
 
 
-def test_batch_of_text_and_image_requests_matches_transformers(family, model_dir):
-    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+def test_batch_of_text_and_image_requests_matches_transformers(family, llm):
     checks.check_llm_batch(LLAVA_NEXT, family, llm)
 
 

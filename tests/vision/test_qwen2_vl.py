@@ -12,18 +12,10 @@ from tests.vision.references import conversations, hf_inputs_for, image
 from tests.vision.tiny_vlm import make_tiny_qwen_vl
 
 
-class QwenVL(checks.FamilyChecks):
-    def __init__(self, version: str) -> None:
-        self.version = version
-        self.hf_class = Qwen2VLForConditionalGeneration if version == "2" else Qwen2_5_VLForConditionalGeneration
-
-    def hf_inputs(self, prompt):
-        return hf_inputs_for("qwen", prompt)
-
-
 @pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2-vl", "qwen2.5-vl"])
 def setup(request, tmp_path_factory):
-    checks_ = QwenVL(request.param)
+    hf_class = Qwen2VLForConditionalGeneration if request.param == "2" else Qwen2_5_VLForConditionalGeneration
+    checks_ = checks.FamilyChecks(hf_class, "qwen")
     model_dir = make_tiny_qwen_vl(tmp_path_factory.mktemp("qwen"), request.param)
     family = checks_.setup_family(model_dir)
     llm = LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
@@ -93,7 +85,7 @@ def test_tie_follows_transformers_when_the_checkpoint_has_its_own_head(setup, tm
     import shutil
 
     from llm.weights import load_model
-    from tests.vision.references import hf_inputs_for, our_prompt_logits, rel_err
+    from tests.vision.references import our_prompt_logits, rel_err
 
     checks_, family, llm = setup
     processor, ours, _ = family

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoProcessor
 
@@ -9,7 +10,14 @@ from llm import LLM, SamplingParams
 from llm.engine.sequence import Sequence
 from llm.errors import InvalidRequestError
 from llm.weights import load_model
-from tests.vision.references import conversations, hf_generate, image, our_prompt_logits, rel_err  # noqa: F401
+from tests.vision.references import (  # noqa: F401
+    conversations,
+    hf_generate,
+    hf_inputs_for,
+    image,
+    our_prompt_logits,
+    rel_err,
+)
 
 RTOL = 1e-4
 NEW_TOKENS = 8
@@ -17,14 +25,16 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 class FamilyChecks:
-    """Per family: `model_dir` (fixture, module scope), `hf_class`, `hf_inputs(prompt)`, `mm_options`."""
+    """Per family: its transformers class and its key for `references.hf_inputs_for`; `mm_options`."""
 
-    hf_class = None
     mm_options: dict = {}
 
-    @staticmethod
-    def hf_inputs(prompt) -> dict:
-        return {"input_ids": torch.tensor([prompt.token_ids])}
+    def __init__(self, hf_class, inputs_family: str) -> None:
+        self.hf_class = hf_class
+        self.inputs_family = inputs_family
+
+    def hf_inputs(self, prompt) -> dict:
+        return hf_inputs_for(self.inputs_family, prompt)
 
     def setup_family(self, model_dir):
         processor = AutoProcessor.from_pretrained(model_dir)
@@ -41,6 +51,25 @@ class FamilyChecks:
         if key not in cache:
             cache[key] = hf_generate(hf, self.hf_inputs(prompt), NEW_TOKENS)
         return (prompt, *cache[key])
+
+
+def module_fixtures(checks: FamilyChecks, make_model_dir, tag: str):
+    """A family test module's `model_dir`, `family` and `llm` fixtures (module scope):
+    `model_dir, family, llm = module_fixtures(...)` at the module's top level."""
+
+    @pytest.fixture(scope="module")
+    def model_dir(tmp_path_factory):
+        return make_model_dir(tmp_path_factory.mktemp(tag))
+
+    @pytest.fixture(scope="module")
+    def family(model_dir):
+        return checks.setup_family(model_dir)
+
+    @pytest.fixture(scope="module")
+    def llm(model_dir):
+        return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+
+    return model_dir, family, llm
 
 
 def check_logits(checks: FamilyChecks, family, name: str) -> None:
