@@ -19,7 +19,6 @@ dynamic cache) and the HBM floor (weights + KV bytes read per step / 4.8 TB/s).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import gc
 import os
@@ -31,7 +30,7 @@ import traceback
 import torch
 
 from benchmarks.random_model import build
-from benchmarks.report import save_results
+from benchmarks.report import save_results, tiny_or_gpu_args
 from kernels import dispatch
 from llm import LLM, SamplingParams
 from llm.config import SchedulerConfig
@@ -171,14 +170,9 @@ def free(*objs) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tiny", action="store_true", help="CPU check of the script with a tiny model")
-    args = ap.parse_args()
+    args, tiny, device = tiny_or_gpu_args()
     from transformers import AutoModelForCausalLM
 
-    tiny = args.tiny or not torch.cuda.is_available()
-    device = torch.device("cpu" if tiny else "cuda")
     work = tempfile.mkdtemp(prefix="vlchat-engine-bench-")
     overrides = dict(num_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=512) if tiny else {}  # fmt: skip

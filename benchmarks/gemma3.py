@@ -14,7 +14,6 @@ CUDA graphs and eager, against transformers (sdpa, its own cache) and the HBM fl
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -33,7 +32,7 @@ from benchmarks.engine import (
     reconfigure,
 )
 from benchmarks.random_model import word_level_tokenizer
-from benchmarks.report import save_results
+from benchmarks.report import save_results, tiny_or_gpu_args
 from llm import LLM, SamplingParams
 
 GEMMA3_270M = dict(
@@ -76,12 +75,7 @@ def kv_bytes(cfg, batch: int, length: int, dtype) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tiny", action="store_true", help="CPU check of the script with a tiny model")
-    args = ap.parse_args()
-    tiny = args.tiny or not torch.cuda.is_available()
-    device = torch.device("cpu" if tiny else "cuda")
+    args, tiny, device = tiny_or_gpu_args()
     dtype = torch.float32 if tiny else torch.bfloat16
     batches, steps = ([1, 4], 5) if tiny else ([1, 64], 64)
     t_start = time.perf_counter()
