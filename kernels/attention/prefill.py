@@ -287,14 +287,19 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     return out
 
 
-def prepare(q, k, v, device, config, out):
-    """Checks shared by prefill and varlen (k, v: caches or rows, heads in dim -2); returns (config, out)."""
+def _check_operands(q, k, v):
+    """k, v: caches or rows, heads in dim -2."""
     if q.shape[1] % k.shape[-2]:
         raise ValueError(f"q_heads {q.shape[1]} is not a multiple of kv_heads {k.shape[-2]}")
     if q.dtype != k.dtype or v.dtype != k.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("the last (head_dim) dimension of q, k and v must be contiguous")
+
+
+def prepare(q, k, v, device, config, out):
+    """Checks shared by prefill and varlen; returns (config, out)."""
+    _check_operands(q, k, v)
     table = table_for(device or device_for(q))
     check_dtype(table, q.dtype)
     return config or table.prefill_config(q.shape[-1], q.dtype), torch.empty_like(q) if out is None else out
@@ -319,7 +324,7 @@ def paged_prefill_attention(
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
     config, out = prepare(q, k_cache, v_cache, device, config, out)
     if k is not None:
-        prepare(q, k, v, device, config, out)
+        _check_operands(q, k, v)
     if q.shape[0] == 0:
         return out
     return launch(
