@@ -145,13 +145,15 @@ TABLES: dict[str, ArchTable] = {
         decode={64: D(64, 4, 2, 4), 128: D(64, 4, 2, 2), 256: D(32, 4, 2, 2)},
         prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
     ),
-    # 227 KB smem per block, wgmma: 128x128 prefill tiles with 8 warps (two warp groups), 3 stages; decode with 4
-    # stages keeps ~64 KB of K/V in flight per CTA. Both picked by the H200 sweep in benchmarks/attention.py --tune
-    # (decode: 8 candidates x 4 shapes, 64/4/4 best or within 1%; prefill: 8 candidates at L=16k, 128/128/8/3 best).
+    # 227 KB smem per block, wgmma. Prefill at head_dim 128: 128x64 tiles for one warp group (4 warps), 2 stages,
+    # 96 KB, so two CTAs share an SM and one's softmax overlaps the other's matrix products (what FA3 schedules by
+    # hand); on the H200 (2026-11-30, 9 candidates x 6 shapes) it beat 128x128/8 warps/3 stages by 4-13% at 4k-16k
+    # and came within 2% at 64k. Decode with 4 stages keeps ~64 KB of K/V in flight per CTA (8 candidates x 4
+    # shapes in benchmarks/attention.py --tune: 64/4/4 best or within 1%; more warps, stages or keys were slower).
     "sm_90": ArchTable(
         "sm_90", True, 4000.0, 227,
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
-        prefill={64: P(128, 64, 4, 3, True), 128: P(128, 128, 8, 3, True), 256: P(64, 64, 8, 2, True)},
+        prefill={64: P(128, 64, 4, 3, True), 128: P(128, 64, 4, 2, True), 256: P(64, 64, 8, 2, True)},
     ),
 }  # fmt: skip
 

@@ -48,11 +48,15 @@ def test_every_config_fits_its_shared_memory(arch):
 
 
 def test_fp32_shrinks_the_tuned_tiles_where_they_overflow():
-    # sm_90 prefill at head_dim 128: 128x128 tiles, 3 stages take 225 KB in fp16; fp32 would need 449 KB
-    fp32 = configs.TABLES["sm_90"].prefill_config(128, torch.float32)
-    assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 64, 2)
-    assert configs.TABLES["sm_90"].prefill_config(80, torch.float32) == fp32  # 80 pads to 128
+    # sm_80 prefill at head_dim 128: 128x64 tiles, 3 stages take 129 KB in fp16; fp32 would need 257 KB of the 163
+    fp32 = configs.TABLES["sm_80"].prefill_config(128, torch.float32)
+    assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 32, 2)
+    assert configs.TABLES["sm_80"].prefill_config(80, torch.float32) == fp32  # 80 pads to 128
+    # sm_90: head_dim 256 (64x64, 2 stages) drops to 32 keys; decode at head_dim 128 drops a stage
+    assert configs.TABLES["sm_90"].prefill_config(256, torch.float32).block_n == 32
     assert configs.TABLES["sm_90"].decode_config(128, torch.float32).num_stages == 3
+    # sm_90 head_dim 128 (128x64, 2 stages: 96 KB in fp16) fits fp32 as tuned
+    assert configs.TABLES["sm_90"].prefill_config(128, torch.float32) == configs.TABLES["sm_90"].prefill[128]
 
 
 def test_unknown_archs_take_the_closest_older_table():
