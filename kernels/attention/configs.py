@@ -44,7 +44,10 @@ class DecodeConfig:
     block_n: int  # KV tokens per loop iteration
     num_warps: int
     num_stages: int
-    ctas_per_sm: int  # resident CTAs per SM at this config (registers/shared memory), for the split heuristic
+    # CTAs per SM that the split heuristic's wave model counts as one wave (splits.py). A model parameter, fitted
+    # on the H200 sweep, not the occupancy: shared memory alone admits fewer (sm_90's 4 stages take 135 KB, one
+    # CTA per SM), yet counting 4 keeps the heuristic within 4% of the best fixed split on all 32 benchmark shapes.
+    ctas_per_sm: int
 
 
 @dataclass(frozen=True, slots=True)

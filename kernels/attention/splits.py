@@ -9,7 +9,7 @@ reduce kernel, a fixed prologue per CTA and fp32 partial outputs.
 The model (all inputs are host-known, so it runs under CUDA graph capture):
 
     ctas     = batch * kv_heads * splits
-    slots    = sm_count * ctas_per_sm              # CTAs resident at once (occupancy)
+    slots    = sm_count * ctas_per_sm              # CTAs per wave (the config's fitted ctas_per_sm)
     per-CTA rate r = bandwidth / (SAT_CTAS_PER_SM * sm_count)
                                                    # one CTA alone cannot saturate HBM
     a wave of `a` CTAs, each streaming b bytes, takes  T0 + b / min(r, bandwidth / a)

@@ -97,3 +97,10 @@ def test_public_decode_follows_the_forced_backend(backend):
         settings.set_backend(before)
     ref = attention.reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sm90_prefill_tiles_leave_room_for_two_ctas_per_sm():
+    # the reason for 128x64 tiles, one warp group, 2 stages: two CTAs share an SM's 228 KB and overlap their
+    # softmax with each other's matrix products (configs.py); a change of tiles must keep that or re-measure
+    cfg = configs.TABLES["sm_90"].prefill_config(128, torch.bfloat16)
+    assert cfg.num_warps == 4 and 2 * configs.prefill_smem_bytes(cfg, 128, 2) <= 228 * 1024
