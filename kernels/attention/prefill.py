@@ -265,7 +265,8 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     kr, vr = (k, v) if rows else (k_cache, v_cache)
     c_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if paged else (0,) * 6
     r_strides = (*k.stride()[:2], *v.stride()[:2]) if rows else (0,) * 4
-    if softcap and softcap > 0:
+    softcapped, block_d = bool(softcap and softcap > 0), triton.next_power_of_2(head_dim)
+    if softcapped:
         pre_scale, post_scale = scale / softcap, softcap * LOG2E
     else:
         pre_scale, post_scale = 1.0, scale * LOG2E
@@ -277,11 +278,10 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
         float(pre_scale), float(post_scale), int(window or 0),
         q.stride(0), q.stride(1), *r_strides, *c_strides, out.stride(0), out.stride(1),
         tables.stride(0) if tables.dim() == 2 else 0,
-        GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE=k_cache.shape[1] if paged else 1, PAGED=paged,
         ROWS=rows, TMA=descs is not None, CAUSAL=bool(causal),
-        HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=bool(softcap and softcap > 0),
-        EVEN_D=triton.next_power_of_2(head_dim) == head_dim,
+        HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=softcapped, EVEN_D=block_d == head_dim,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEADS_FIRST=heads_first,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

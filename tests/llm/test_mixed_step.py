@@ -46,11 +46,16 @@ def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: in
     return attn, meta, q, k, v
 
 
-def _run(attn, meta, q, k, v):
+def _run(attn, meta, q, k, v, backend):
     cache = tuple(c.clone() for c in attn.kv_cache)
     attn.kv_cache = cache
-    with use_context(meta):
-        return attn(q, k, v)
+    previous = settings.get_backend()
+    settings.set_backend(backend)
+    try:
+        with use_context(meta):
+            return attn(q, k, v)
+    finally:
+        settings.set_backend(previous)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -59,14 +64,9 @@ def _run(attn, meta, q, k, v):
 def test_mixed_step_equals_all_rows_through_prefill(backend, num_decodes, prompt_lens, window):
     attn, meta, q, k, v = _step(num_decodes, prompt_lens, window, seed=num_decodes)
     assert meta.prefill_cu_seqlens_q.tolist()[0] == 0
-    previous = settings.get_backend()
-    settings.set_backend(backend)
-    try:
-        mixed = _run(attn, meta, q, k, v)
-        attn_all = dataclasses.replace(meta, num_decode_seqs=0, prefill_cu_seqlens_q=None)
-        whole = _run(attn, attn_all, q, k, v)
-    finally:
-        settings.set_backend(previous)
+    mixed = _run(attn, meta, q, k, v, backend)
+    attn_all = dataclasses.replace(meta, num_decode_seqs=0, prefill_cu_seqlens_q=None)
+    whole = _run(attn, attn_all, q, k, v, backend)
     torch.testing.assert_close(mixed, whole, rtol=1e-4, atol=1e-5)
 
 
@@ -76,14 +76,8 @@ def test_triton_prefill_from_fresh_rows_matches_the_reference(num_decodes, promp
     """The layer hands the prefill kernel the chunk's own K/V rows (prefix from pages); the torch reference
     reads every key from the pages: the two agree."""
     attn, meta, q, k, v = _step(num_decodes, prompt_lens, window, seed=7 + num_decodes)
-    previous = settings.get_backend()
-    try:
-        settings.set_backend("triton")
-        ours = _run(attn, meta, q, k, v)
-        settings.set_backend("torch")
-        ref = _run(attn, meta, q, k, v)
-    finally:
-        settings.set_backend(previous)
+    ours = _run(attn, meta, q, k, v, "triton")
+    ref = _run(attn, meta, q, k, v, "torch")
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
 
