@@ -29,7 +29,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-from llm.config import is_gguf_file as is_gguf  # noqa: F401 - re-exported
 from llm.errors import ModelLoadError
 from llm.gguf_reader import GGUFFile
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm.config import is_gguf_file as is_gguf
+from llm.config import is_gguf_file
 from llm.errors import InvalidRequestError, ModelLoadError
 
 
@@ -14,7 +14,7 @@ def load_tokenizer(model_dir: str | Path):
     """The Hugging Face tokenizer saved in `model_dir` (fast if available); no hub access, no remote code."""
     from transformers import AutoTokenizer
 
-    if is_gguf(model_dir):  # the vocabulary and chat template live in the file's metadata
+    if is_gguf_file(model_dir):  # the vocabulary and chat template live in the file's metadata
         from llm.gguf import load_gguf  # the gguf package is imported only for GGUF checkpoints
 
         return load_gguf(model_dir).tokenizer()

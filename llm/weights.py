@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llm.config import is_gguf_file as is_gguf
+from llm.config import is_gguf_file
 from llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
 from llm.layers.linear import default_weight_loader
 
@@ -119,7 +119,7 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
 
 
 def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    if is_gguf(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
+    if is_gguf_file(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
         from llm.gguf import load_gguf
 
         return load_gguf(model_dir).weights(torch.float32)
@@ -169,7 +169,7 @@ def load_hf_config(model_dir: str | Path):
     """The transformers config of a local model directory (a plain `PretrainedConfig` for unknown model types)."""
     from transformers import AutoConfig, PretrainedConfig
 
-    if is_gguf(model_dir):
+    if is_gguf_file(model_dir):
         from llm.gguf import load_gguf
 
         return load_gguf(model_dir).config

@@ -22,7 +22,7 @@ from llm.engine.context import AttentionMetadata, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
-from llm.engine.transfer import padded_rows, to_device
+from llm.engine.transfer import padded_rows, round_up, to_device
 from llm.errors import InvalidRequestError, ModelLoadError
 from llm.inputs import MultiModalPrompt
 from llm.layers.attention import Attention
@@ -94,7 +94,7 @@ class ModelRunner:
                 self.model,
                 self.device,
                 self.buckets,
-                -(-self.max_blocks // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE,
+                round_up(self.max_blocks, TABLE_WIDTH_MULTIPLE),  # the widest table padded_rows builds
                 self.uses_mrope,
                 self.decode_splits,
             )
@@ -207,8 +207,8 @@ class ModelRunner:
                 positions.append(start)
                 slots.append(seq.block_table[start // bs] * bs + start % bs)
             else:
-                input_ids.extend(seq.token_ids[start:end])
-                input_ids.extend([0] * (end - start - len(seq.token_ids[start:end])))
+                known = seq.token_ids[start:end]
+                input_ids.extend(known + [0] * (end - start - len(known)))  # 0: filled from the device below
                 pos = self._positions(seq, start, end)
                 if mrope:
                     for axis in range(3):
@@ -225,10 +225,11 @@ class ModelRunner:
         tables = padded_rows([s.block_table for s in seqs], multiple=TABLE_WIDTH_MULTIPLE)
         dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
-        num_decode = _leading_one_token_seqs(seqs) if max_q > 1 else 0
-        decode_rows = num_decode if max_q > 1 else len(seqs)  # the rows that run on the split-k decode kernel
+        is_prefill = max_q > 1
+        num_decode = _leading_one_token_seqs(seqs) if is_prefill else 0
+        decode_rows = num_decode if is_prefill else len(seqs)  # the rows that run on the split-k decode kernel
         meta = AttentionMetadata(
-            is_prefill=max_q > 1,
+            is_prefill=is_prefill,
             slot_mapping=to_device(slots, torch.long, dev),
             block_tables=to_device(tables, torch.int32, dev),
             seq_lens=to_device(seq_lens, torch.int32, dev),

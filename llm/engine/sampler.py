@@ -15,18 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from llm.engine.sequence import Sequence
-from llm.engine.transfer import to_device
+from llm.engine.transfer import padded_rows, to_device
 
 
 @dataclass(slots=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]
-
-
-def _padded(rows: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(r) for r in rows))
-    return to_device([r + [fill] * (width - len(r)) for r in rows], torch.long, device)
 
 
 class Sampler:
@@ -59,10 +54,11 @@ class Sampler:
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         rows, vocab = logits.shape
         dev = logits.device
-        out_ids = _padded([s.output_token_ids for s in seqs], vocab, dev)  # [rows, max_out], pad = vocab
+        # [rows, max_out], pad = vocab
+        out_ids = to_device(padded_rows([s.output_token_ids for s in seqs], vocab), torch.long, dev)
         ones = torch.ones_like(out_ids, dtype=torch.float)
         counts = torch.zeros(rows, vocab + 1, device=dev).scatter_add_(1, out_ids, ones)[:, :vocab]  # [rows, vocab]
-        prompt_ids = _padded([s.token_ids[: s.num_prompt_tokens] for s in seqs], vocab, dev)
+        prompt_ids = to_device(padded_rows([s.token_ids[: s.num_prompt_tokens] for s in seqs], vocab), torch.long, dev)
         seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=dev).scatter_(1, prompt_ids, True)[:, :vocab]
         seen |= counts > 0
         rep = to_device([s.params.repetition_penalty for s in seqs], torch.float, dev).unsqueeze(1)

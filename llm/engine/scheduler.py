@@ -119,10 +119,10 @@ class Scheduler:
     def _can_run_ahead(seq: Sequence) -> bool:
         """A sequence whose last token is still on the device may run its next step now, unless that token
         surely ends it (max_tokens) or its sampling reads the output history (penalties, min_tokens)."""
-        params = seq.params
-        if seq.max_tokens is not None and seq.num_output_tokens + seq.num_pending >= seq.max_tokens:
+        sampled = seq.num_output_tokens + seq.num_pending
+        if seq.max_tokens is not None and sampled >= seq.max_tokens:
             return False
-        return not (params.uses_penalties or seq.num_output_tokens + seq.num_pending <= params.min_tokens)
+        return not (seq.params.uses_penalties or sampled <= seq.params.min_tokens)
 
     def update(self, scheduled: list[Sequence]) -> None:
         """After the forward pass: the scheduled tokens' K/V is in the cache."""

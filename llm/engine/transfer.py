@@ -24,11 +24,14 @@ def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def padded_rows(rows: list[list[int]], fill: int = 0, multiple: int = 1) -> np.ndarray:
     """[len(rows), longest row rounded up to `multiple`] int32 array of `rows` padded with `fill` (numpy fills
     it ~5x faster than torch.tensor reads nested lists: a 128-sequence batch's block tables are ~10k ints)."""
-    width = max(1, max((len(r) for r in rows), default=1))
-    width = -(-width // multiple) * multiple
+    width = round_up(max(1, max((len(r) for r in rows), default=1)), multiple)
     out = np.full((len(rows), width), fill, dtype=np.int32)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
