@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from app.api.errors import error_response
+from app.api.errors import user_error_response
+from app.errors import ForbiddenMediaError
 
 FILE_TYPE = "gradio.FileData"
 MESSAGE = (
@@ -38,7 +39,7 @@ class RemoteFileGuard:
             if message["type"] != "http.request" or not message.get("more_body"):
                 break
         if names_remote_file(body):
-            return await error_response(MESSAGE, 403, code="media_not_allowed")(scope, receive, send)
+            return await user_error_response(ForbiddenMediaError(MESSAGE))(scope, receive, send)
         replay = iter(messages)
 
         async def replayed():

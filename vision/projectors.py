@@ -7,8 +7,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from llm.weights import load_tensors
 from vision.layers import activation
-from vision.weights import load_named
 
 
 class MultiModalProjector(nn.Module):
@@ -27,4 +27,4 @@ class MultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named(self, weights, [], "the projector")
+        load_tensors(self, weights, [], "the projector")

@@ -2,20 +2,17 @@
 
 Our vision modules keep the HF module names wherever the computation is the same,
 so a tower needs rules only where we fuse (q/k/v into `qkv_proj`, gate/up into
-`gate_up_proj`) or rename. `load_named` applies rules to an iterable of tensors with
-the engine's semantics (every matching rule rewrites in turn, fused pieces through
-each parameter's `weight_loader`), for towers loaded outside a whole checkpoint.
+`gate_up_proj`) or rename. Towers loaded outside a whole checkpoint apply these rules
+with `llm.weights.load_tensors`, the engine's own loader.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from llm.layers.linear import copy_weight
-from llm.weights import ALL_SHARDS, WeightRule, load_tensors
+from llm.weights import ALL_SHARDS, WeightRule
 
 # Separate q/k/v and gate/up checkpoint tensors -> pieces of our fused linears.
 FUSED_RULES = [
@@ -42,10 +39,3 @@ def drop_layers_rule(prefix: str, first_unused: int, total: int) -> list[WeightR
         return []
     unused = "|".join(str(i) for i in range(first_unused, total))
     return [WeightRule(rf"{prefix}\.(?:{unused})\.", None)]
-
-
-def load_named(
-    module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], rules: list[WeightRule], where: str
-) -> None:
-    """Fill every parameter of `module` from `weights` mapped through `rules`, or raise WeightMismatchError."""
-    load_tensors(module, weights, rules, where)

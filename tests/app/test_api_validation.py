@@ -1,28 +1,15 @@
 """Bad input gets a clear OpenAI-style 4xx and the server stays healthy (server with --api-key and limits)."""
 
-import base64
-import io
 import os
 
 import httpx
 import pytest
-from PIL import Image
 
 from tests.app.conftest import API_KEY, BODY_LIMIT
-from tests.images import png_claiming
+from tests.images import data_url, png_claiming, red_png
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 USER = {"role": "user", "content": "hi"}
-
-
-def url_of(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-def png(size=(4, 4)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", size, "red").save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def with_image(url: str, role: str = "user") -> dict:
@@ -52,16 +39,16 @@ BAD_BODIES = [
     ("too-many-stops", {"messages": [USER], "stop": [f"s{i}" for i in range(20)]}, 400, "stop"),
     ("empty-stop", {"messages": [USER], "stop": [""]}, 400, "stop"),
     ("invalid-base64", with_image("data:image/png;base64,@@@"), 400, "base64"),
-    ("not-an-image", with_image(url_of(b"just some text, not pixels")), 400, "not a readable image"),
-    ("truncated-png", with_image(url_of(png((64, 64))[:60])), 400, "not a readable image"),
-    ("zero-pixels", with_image(url_of(png_claiming(0, 9))), 400, "image"),
-    ("decompression-bomb", with_image(url_of(png_claiming(30000, 30000))), 400, "pixels"),
-    ("image-in-assistant", with_image(url_of(png()), role="assistant"), 400, "only appear in user"),
+    ("not-an-image", with_image(data_url(b"just some text, not pixels")), 400, "not a readable image"),
+    ("truncated-png", with_image(data_url(red_png((64, 64))[:60])), 400, "not a readable image"),
+    ("zero-pixels", with_image(data_url(png_claiming(0, 9))), 400, "image"),
+    ("decompression-bomb", with_image(data_url(png_claiming(30000, 30000))), 400, "pixels"),
+    ("image-in-assistant", with_image(data_url(red_png()), role="assistant"), 400, "only appear in user"),
     ("remote-url-not-allowed", with_image("http://127.0.0.1:9/a.png"), 403, "--allow-remote-images"),
     ("path-outside", with_image("/etc/passwd"), 403, "inside the allowed"),
     ("path-dotdot", with_image("../secret.png"), 403, ".."),
     ("too-many-images", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url_of(png())}} for _ in range(3)]}]}, 400, "at most 2"),
+        {"type": "image_url", "image_url": {"url": data_url(red_png())}} for _ in range(3)]}]}, 400, "at most 2"),
 ]  # fmt: skip
 
 
@@ -86,7 +73,7 @@ def test_unreadable_bodies(locked_server, content, needle):
 
 
 def test_oversized_body_is_a_413(locked_server):
-    body = with_image(url_of(os.urandom(BODY_LIMIT)))
+    body = with_image(data_url(os.urandom(BODY_LIMIT)))
     response = httpx.post(f"{locked_server.url}/v1/chat/completions", json=body, headers=AUTH)
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
@@ -109,9 +96,9 @@ def test_api_key_is_required(locked_server, headers):
 
 
 def test_local_images_inside_the_allowed_directory(locked_server, media_root):
-    (media_root / "ok.png").write_bytes(png())
+    (media_root / "ok.png").write_bytes(red_png())
     outside = media_root.parent / "outside.png"
-    outside.write_bytes(png())
+    outside.write_bytes(red_png())
     (media_root / "link.png").unlink(missing_ok=True)
     os.symlink(outside, media_root / "link.png")
     escaped = httpx.post(f"{locked_server.url}/v1/chat/completions", json=with_image("link.png"), headers=AUTH)

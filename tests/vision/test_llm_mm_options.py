@@ -1,19 +1,18 @@
 """`LLM.generate` passes per-request image options to the vision model (here the demo LLaVA)."""
 
-from pathlib import Path
-
 import pytest
 
 from llm import LLM, SamplingParams
 from llm.errors import InvalidRequestError
+from scripts.demo.build import MODEL_DIR
+from scripts.demo.examples import EXAMPLES_DIR
 
-DEMO = Path(__file__).resolve().parents[2] / "assets" / "demo-model"
-EXAMPLES = sorted((DEMO.parent / "examples").glob("*.png"))
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.png"))
 
 
 @pytest.fixture(scope="module")
 def llm():
-    engine = LLM(str(DEMO), num_blocks=64)
+    engine = LLM(str(MODEL_DIR), num_blocks=64)
     yield engine
     engine.close()
 

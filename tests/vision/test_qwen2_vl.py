@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
-from llm import LLM
 from tests.vision import vlm_checks as checks
 from tests.vision.references import conversations, hf_inputs_for, image
 from tests.vision.tiny_vlm import make_tiny_qwen_vl
@@ -18,7 +17,7 @@ def setup(request, tmp_path_factory):
     checks_ = checks.FamilyChecks(hf_class, "qwen")
     model_dir = make_tiny_qwen_vl(tmp_path_factory.mktemp("qwen"), request.param)
     family = checks_.setup_family(model_dir)
-    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+    llm = checks.family_llm(model_dir)
     return checks_, family, llm
 
 

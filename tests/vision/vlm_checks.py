@@ -10,14 +10,7 @@ from llm import LLM, SamplingParams
 from llm.engine.sequence import Sequence
 from llm.errors import InvalidRequestError
 from llm.weights import load_model
-from tests.vision.references import (  # noqa: F401
-    conversations,
-    hf_generate,
-    hf_inputs_for,
-    image,
-    our_prompt_logits,
-    rel_err,
-)
+from tests.vision.references import conversations, hf_generate, hf_inputs_for, image, our_prompt_logits, rel_err
 
 RTOL = 1e-4
 NEW_TOKENS = 8
@@ -67,9 +60,14 @@ def module_fixtures(checks: FamilyChecks, make_model_dir, tag: str):
 
     @pytest.fixture(scope="module")
     def llm(model_dir):
-        return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
+        return family_llm(model_dir)
 
     return model_dir, family, llm
+
+
+def family_llm(model_dir) -> LLM:
+    """The engine the family checks run: fp32 on CPU, 128 KV blocks of 8 tokens."""
+    return LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=128, block_size=8)
 
 
 def check_logits(checks: FamilyChecks, family, name: str) -> None:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llm.weights import WeightRule
+from llm.weights import WeightRule, load_tensors
 from vision.layers import VisionAttention, mlp, uniform_cu_seqlens
-from vision.weights import FUSED_RULES, drop_layers_rule, load_named
+from vision.weights import FUSED_RULES, drop_layers_rule
 
 _KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
 
@@ -138,4 +138,4 @@ class ClipVisionTower(nn.Module):
         ]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named(self, weights, self.weight_rules(), "the vision tower")
+        load_tensors(self, weights, self.weight_rules(), "the vision tower")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llm.weights import WeightRule
+from llm.weights import WeightRule, load_tensors
 from vision.layers import RMSNorm, VisionAttention, mlp, uniform_cu_seqlens
-from vision.weights import FUSED_RULES, drop_layers_rule, load_named
+from vision.weights import FUSED_RULES, drop_layers_rule
 
 
 def _pair(v) -> int:
@@ -123,7 +123,7 @@ class InternViT(nn.Module):
         return rules
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named(self, weights, self.weight_rules(), "the InternViT tower")
+        load_tensors(self, weights, self.weight_rules(), "the InternViT tower")
 
 
 def pixel_shuffle(features: torch.Tensor, scale: float) -> torch.Tensor:

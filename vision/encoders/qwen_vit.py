@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llm.weights import WeightRule
+from llm.weights import WeightRule, load_tensors
 from vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
-from vision.weights import FUSED_RULES, load_named, packed_rule
+from vision.weights import FUSED_RULES, packed_rule
 
 from .qwen_windows import full_cu_seqlens, rotary_positions, window_index
 
@@ -188,4 +188,4 @@ class QwenVisionTransformer(nn.Module):
         return [packed_rule(r"\.attn\.qkv\.", ".attn.qkv_proj."), *FUSED_RULES]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named(self, weights, self.weight_rules(), "the Qwen vision tower")
+        load_tensors(self, weights, self.weight_rules(), "the Qwen vision tower")
