@@ -179,7 +179,7 @@ def main() -> None:
     model_dir = str(build("llama-1b", os.path.join(work, "model"), torch.bfloat16, device.type, **overrides))
     dtypes = [torch.float32] if tiny else [torch.float16, torch.bfloat16]
     batches, steps = ([1, 8], 5) if tiny else ([1, 32, 128], 64)
-    stem = "engine_tiny" if tiny else "engine"
+    stem = os.path.join(args.out, "engine_tiny" if tiny else "engine")
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -214,7 +214,7 @@ def main() -> None:
         entry["cuda_graphs"] = llm.engine.runner.graphs is not None
         entry["kernels"] = {op: dispatch.choose(op, dtype) for op in dispatch.registered_ops()}
         result["correctness"][name] = entry
-        write(result, args.out, stem)
+        save_results(stem, result, markdown)
         print(f"{name}: correctness done in {time.perf_counter() - t0:.0f} s", flush=True)
         if last:
             bench_llm, hf_bench, bench_dtype = llm, hf, dtype
@@ -244,7 +244,7 @@ def main() -> None:
         )
     result["decode"] = {"dtype": str(bench_dtype).removeprefix("torch."), "prompt_len": 128, "steps": steps,
                         "weight_bytes": weight_bytes, "rows": speed}  # fmt: skip
-    write(result, args.out, stem)
+    save_results(stem, result, markdown)
 
 
 def _version(module: str) -> str:
@@ -252,10 +252,6 @@ def _version(module: str) -> str:
         return __import__(module).__version__
     except ImportError:
         return "absent"
-
-
-def write(result: dict, out_dir: str, stem: str) -> None:
-    save_results(os.path.join(out_dir, stem), result, markdown)
 
 
 def markdown(result: dict) -> str:

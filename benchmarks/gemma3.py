@@ -119,11 +119,8 @@ def main() -> None:
             "hbm_floor_steps_s": floor, "of_hbm_floor": graphs / floor,
         })  # fmt: skip
         print(f"batch {batch}: {graphs:.0f} steps/s graphs, {eager:.0f} eager, {peer:.0f} transformers", flush=True)
-    write(result, args.out, "gemma3_tiny" if tiny else "gemma3_" + result["device"].replace(" ", "_"))
-
-
-def write(result: dict, out_dir: str, stem: str) -> None:
-    save_results(os.path.join(out_dir, stem), result, markdown)
+    stem = "gemma3_tiny" if tiny else "gemma3_" + result["device"].replace(" ", "_")
+    save_results(os.path.join(args.out, stem), result, markdown)
 
 
 def markdown(result: dict) -> str:

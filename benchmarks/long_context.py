@@ -307,10 +307,6 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "chunk_budget": 128 if args.smoke else CHUNK_BUDGET, "decode_steps": DECODE_STEPS}  # fmt: skip
     stem = os.path.join(args.out, "long_context_" + info.name.replace(" ", "_"))
-
-    def save():
-        save_results(stem, res)
-
     if device == "cuda":
         res["kernel_check_rel_err"] = kernel_check(fields)
         print(f"decoder ops, Triton vs fp32 reference (max abs err / max abs): {res['kernel_check_rel_err']}")
@@ -318,11 +314,11 @@ def main():
                                                             fields["num_key_value_heads"])  # fmt: skip
         print(f"decode attention: {res['decode_attention']}", flush=True)
         torch.cuda.empty_cache()
-        save()
+        save_results(stem, res)
     with tempfile.TemporaryDirectory() as model_dir:
         write_config_dir(model_dir, fields)
         res["engine"] = run_engine(model_dir, contexts, fields["vocab_size"], device, res["chunk_budget"])
-    save()
+    save_results(stem, res)
     if not args.skip_transformers:
         res["transformers"] = run_transformers(fields, contexts, device)
     save_results(stem, res, markdown)

@@ -17,16 +17,20 @@ import torch
 from benchmarks import random_model, workloads
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _profiled_steps(engine, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
+    _sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             engine.step()
-        sync()
+        _sync()
         wall = (time.perf_counter() - t0) / steps
     events = prof.key_averages()
     kernel_ms = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / steps / 1e3
@@ -100,8 +104,7 @@ def python_profile(engine, steps: int, before_step, top: int = 30) -> list[dict]
         before_step(i)
         prof.enable()
         engine.step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        _sync()
         prof.disable()
     stats = pstats.Stats(prof).stats
     rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
@@ -131,25 +134,25 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
     for _ in range(50):  # all prefills done, decoding
         engine.step()
     result = {"batch": batch, "context": context, "decode": _profiled_steps(engine, steps)}
+
+    def arrive(tag: str, i: int) -> None:  # a new request: its 256-token prompt prefills in the next step
+        prompt = (reqs[batch + i].prompt_token_ids * 8)[:256]
+        engine.add_request(f"{tag}{i}", prompt, SamplingParams(max_tokens=1), stream=True)
+
     mixed = []
-    for i, r in enumerate(reqs[batch:]):
-        engine.add_request(f"m{i}", (r.prompt_token_ids * 8)[:256], SamplingParams(max_tokens=1), stream=True)
+    for i in range(steps):
+        arrive("m", i)
         mixed.append(_profiled_steps(engine, 1))
     unprofiled = []
-    for i, r in enumerate(reqs[batch:]):  # the same kind of step without the profiler's per-op cost
-        engine.add_request(f"u{i}", (r.prompt_token_ids * 8)[:256], SamplingParams(max_tokens=1), stream=True)
-        torch.cuda.synchronize() if torch.cuda.is_available() else None
+    for i in range(steps):  # the same kind of step without the profiler's per-op cost
+        arrive("u", i)
+        _sync()
         t0 = time.perf_counter()
         engine.step()
-        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        _sync()
         unprofiled.append((time.perf_counter() - t0) * 1e3)
     result["decode_plus_prefill_256_unprofiled_ms"] = statistics.median(unprofiled)
-    add = (
-        lambda i: engine.add_request(  # noqa: E731
-            f"c{i}", (reqs[batch + i].prompt_token_ids * 8)[:256], SamplingParams(max_tokens=1), stream=True
-        )
-    )
-    result["decode_plus_prefill_256_python"] = python_profile(engine, steps, add)
+    result["decode_plus_prefill_256_python"] = python_profile(engine, steps, lambda i: arrive("c", i))
     result["host_us_per_call"] = host_costs("cuda" if torch.cuda.is_available() else "cpu")
     result["decode_plus_prefill_256"] = {
         "step_ms": statistics.median(m["step_ms"] for m in mixed),

@@ -229,11 +229,11 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
 
 def markdown(res: dict) -> str:
     nan = float("nan")
+    ceiling = res.get("gemm_tflops", nan)
     lines = [f"# Vision towers on {res['device']}", "",
              f"{res['date']}; torch {res['torch']}, triton {res['triton']}, transformers {res['transformers']}, "
              f"python {res['python']}. bf16, random weights; images/s = batch / median forward time.",
-             "", f"FLOP ceiling: one large (8192^3 on a GPU) bf16 matmul runs at {res.get('gemm_tflops', nan):.0f} "
-             "TFLOP/s "
+             "", f"FLOP ceiling: one large (8192^3 on a GPU) bf16 matmul runs at {ceiling:.0f} TFLOP/s "
              "on this device in the same run; `of ceiling` is the best of ours (eager or graph) in TFLOP/s over it "
              "(FLOPs per image from torch's FLOP counter on the transformers tower).", ""]  # fmt: skip
     for name, title in (("clip", "CLIP ViT-L/336 (577 tokens/image)"), ("qwen", "Qwen2-VL ViT 675M, 448x448 images")):
@@ -242,8 +242,7 @@ def markdown(res: dict) -> str:
             lines += [f"## {title}", "", f"failed: {part}", ""]
             continue
         e = part["errors"]
-        gflop = part.get("gflop_per_image", float("nan"))
-        ceiling = res.get("gemm_tflops", float("nan"))
+        gflop = part.get("gflop_per_image", nan)
         lines += [f"## {title}", "",
                   f"max rel err vs transformers fp32: ours bf16 {e['ours_bf16_vs_hf_fp32']:.2e}, "
                   f"transformers bf16 {e['hf_bf16_vs_hf_fp32']:.2e}; {gflop:.0f} GFLOP per image", "",
@@ -251,7 +250,7 @@ def markdown(res: dict) -> str:
                   "| ours TFLOP/s | of ceiling | ceiling img/s |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in part["rows"]:
-            g = r.get("ours_graph_img_s", float("nan"))
+            g = r.get("ours_graph_img_s", nan)
             best = max(r["ours_eager_img_s"], g if g == g else 0.0)
             tflops = best * gflop / 1e3
             lines.append(
