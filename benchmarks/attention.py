@@ -1,15 +1,16 @@
-"""Attention kernels on a GPU: paged decode (heuristic vs swept split counts) and prefill, against torch SDPA.
+"""Attention kernels on a GPU: paged decode (the heuristic's plan vs swept split counts) and prefill, against SDPA.
 
-    PYTHONPATH=. python benchmarks/attention.py [--out DIR] [--quick] [--tune] [--prefill-only]
+    PYTHONPATH=. python benchmarks/attention.py [--out DIR] [--quick] [--tune] [--prefill-only | --decode-only]
                                                 [--decode-shapes 1x4096,8x4096]
 
 Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16,
-shuffled blocks), timed as CUDA-graph replays of at least 16 calls over enough KV
+shuffled blocks); the heuristic's config and split count against fixed split counts
+for each of the arch's decode configs, timed as CUDA-graph replays of at least 16 calls over enough KV
 copies to defeat the L2 (>= 256 MB per replay), against SDPA on contiguous KV and the device-to-device
 copy bandwidth measured in the same run. Prefill: causal, heads 32/8, head_dim 128,
 TFLOP/s against SDPA (K/V expanded to 32 heads) for fresh sequences, on the engine's
 path (the chunk's own K/V rows) and with every key from the pages; plus chunks after
-a cached prefix. The whole decode grid takes ~10 minutes on an H200.
+a cached prefix. The decode grid takes ~4 minutes on an H200 (Triton cache warm).
 Writes attention_<device>.json and .md under --out and prints the tables.
 """
 
@@ -111,7 +112,7 @@ def decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config):
 def tune_decode(device):
     """Pick the sm_90 decode config (block_n, warps, stages) by the sum of times normalised per shape."""
     shapes = [(32, 8, 1, 32768, 64), (32, 32, 128, 2048, 1), (32, 8, 32, 2048, 2), (32, 32, 1, 4096, 16)]
-    grid = [(64, 4, 3), (64, 4, 4), (64, 4, 2), (128, 4, 3), (128, 8, 3), (128, 8, 2), (32, 4, 4), (64, 8, 3)]
+    grid = [(64, 4, 3), (64, 4, 4), (64, 4, 6), (64, 4, 8), (128, 4, 3), (128, 8, 3), (32, 4, 4), (32, 4, 8)]
     cands = [DecodeConfig(n, w, st, 4) for n, w, st in grid]
     times = {c: [] for c in cands}
     for q_heads, kv_heads, batch, ctx, splits in shapes:
@@ -177,26 +178,39 @@ def tune_prefill(device):
     return ranked[0], {str(c): times[c] for c in times}
 
 
+def config_name(c: DecodeConfig) -> str:
+    return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
+
+
 def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=None):
+    """The heuristic's plan (config and splits; or `config` forced) against a sweep of fixed split counts for
+    every decode config of the arch (the shallow one and, where there is one, the deep one), and SDPA."""
     head_dim = 128
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
     sets = perm.shape[0]
     out = torch.empty_like(q)
     scale = head_dim**-0.5
 
-    def ours(splits):
-        return decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config)
+    def ours(splits, cfg):
+        return decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, cfg)
 
-    heur = decode.decode_splits(q, k_cache, perm[0], device, config)
+    table = table_for(device)
+    if config is None:
+        heur, chosen = decode.decode_plan(q, k_cache, perm[0], device)
+        candidates = [table.decode_config(head_dim, dtype), table.decode_deep_config(head_dim, dtype)]
+    else:
+        heur, chosen, candidates = decode.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
-    row["heuristic_splits"] = heur
-    row["ours_us"] = graph_time_us(ours(heur))
+    row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
+    row["ours_us"] = graph_time_us(ours(heur, chosen))
     row["sweep_us"] = {}
-    for s in sweep:
-        if s <= split_model.MAX_SPLITS and s <= max(1, ctx // 64):
-            row["sweep_us"][s] = row["ours_us"] if s == heur else graph_time_us(ours(s))
+    for c in filter(None, candidates):
+        for s in sweep:
+            if s <= split_model.MAX_SPLITS and s <= max(1, ctx // 64):
+                same = s == heur and c == chosen
+                row["sweep_us"][f"{config_name(c)} S={s}"] = row["ours_us"] if same else graph_time_us(ours(s, c))
     best = min(row["sweep_us"], key=row["sweep_us"].get)
-    row["best_fixed_splits"], row["best_fixed_us"] = best, row["sweep_us"][best]
+    row["best_fixed"], row["best_fixed_us"] = best, row["sweep_us"][best]
     # SDPA over contiguous KV, the same number of L2-defeating copies
     kc = torch.randn(sets, batch, kv_heads, ctx, head_dim, device="cuda", dtype=dtype)
     vc = torch.randn_like(kc)
@@ -273,16 +287,18 @@ def markdown(res):
         f"# Attention kernels on {res['device']}", "",
         f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
         f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
-        f"Decode config {res['decode_config']}; prefill config {res['prefill_config']}.", "",
+        f"Decode config {res['decode_config']} (deep, for one-wave grids: {res.get('decode_deep_config')}); "
+        f"prefill config {res['prefill_config']}.", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
-        "| dtype | heads | B | L | KV MB | splits (heur) | ours us | best fixed (splits) us | SDPA us "
+        "| dtype | heads | B | L | KV MB | heuristic (blk/warps/stages, splits) | ours us | best fixed us | SDPA us "
         "| speedup vs SDPA | ours BW frac | SDPA BW frac |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in res["decode"]:
         lines.append(
             f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['kv_mb']:.0f} | "
-            f"{r['heuristic_splits']} | {r['ours_us']:.1f} | {r['best_fixed_us']:.1f} ({r['best_fixed_splits']}) | "
+            f"{r['heuristic_config']} S={r['heuristic_splits']} | {r['ours_us']:.1f} | "
+            f"{r['best_fixed_us']:.1f} ({r['best_fixed']}) | "
             f"{r['sdpa_us']:.1f} | {r['sdpa_us'] / r['ours_us']:.2f}x | {r['bw_frac']:.2f} | {r['sdpa_bw_frac']:.2f} |"
         )
     lines += [
@@ -321,6 +337,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
     parser.add_argument("--tune", action="store_true", help="first pick the decode/prefill configs by a sweep")
     parser.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
+    parser.add_argument("--decode-only", action="store_true", help="skip the prefill shapes")
     parser.add_argument(
         "--decode-shapes", type=_shapes, help="decode (batch x context) pairs instead of the grid, e.g. 1x4096,8x4096"
     )
@@ -330,6 +347,7 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "decode_config": str(table_for(device).decode_config(128)),
+           "decode_deep_config": str(table_for(device).decode_deep_config(128)),
            "prefill_config": str(table_for(device).prefill_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
@@ -352,9 +370,10 @@ def main():
                 res["decode"].append(r)
                 torch.cuda.empty_cache()
                 print(f"decode {r['dtype']} {q_heads}/{kv_heads} B={batch} L={ctx}: ours {r['ours_us']:.1f}us "
-                      f"(S={r['heuristic_splits']}) best {r['best_fixed_us']:.1f} (S={r['best_fixed_splits']}) "
+                      f"({r['heuristic_config']} S={r['heuristic_splits']}) best {r['best_fixed_us']:.1f} "
+                      f"({r['best_fixed']}) "
                       f"sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype in () if args.decode_only else (torch.float16, torch.bfloat16):
         shapes = [(b, n, 0) for b, n in PREFILL_SHAPES] + EXTEND_SHAPES
         for batch, length, prefix in shapes[:1] if args.quick else shapes:
             r = bench_prefill(dtype, batch, length, device, pre_cfg, prefix)

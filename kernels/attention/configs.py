@@ -18,8 +18,9 @@ Facts the tables rest on (per SM unless said otherwise):
   per SM (99 KB per block): 2 stages, 64-row prefill tiles for head_dim 128.
 - sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
   tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: 128-row
-  prefill tiles with 8 warps, 3 stages, contiguous rows through TMA descriptors;
-  decode wants many CTAs in flight (see splits.py).
+  prefill tiles for one warp group, two CTAs per SM, contiguous rows through TMA
+  descriptors; decode wants many CTAs in flight (see splits.py), or, on a grid of
+  one wave, deeper pipelines (`decode_deep`).
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (M = 16 rows, the smallest tl.dot). Prefill
@@ -44,9 +45,10 @@ class DecodeConfig:
     block_n: int  # KV tokens per loop iteration
     num_warps: int
     num_stages: int
-    # CTAs per SM that the split heuristic's wave model counts as one wave (splits.py). A model parameter, fitted
-    # on the H200 sweep, not the occupancy: shared memory alone admits fewer (sm_90's 4 stages take 135 KB, one
-    # CTA per SM), yet counting 4 keeps the heuristic within 4% of the best fixed split on all 32 benchmark shapes.
+    # CTAs per SM that the split heuristic counts as one wave (splits.py). A model parameter fitted on the H200
+    # sweeps, not the occupancy: the sm_90 config's 39 KB of shared memory would admit five CTAs per SM; counting
+    # four keeps the wave model within 4% of the best fixed split on all 32 benchmark shapes. For a deep config
+    # (ArchTable.decode_deep) it is the grid it is meant for: at most this many CTAs per SM, one wave.
     ctas_per_sm: int
 
 
@@ -68,10 +70,17 @@ class ArchTable:
     # keyed by the padded head dim bucket: 64 (<= 64), 128 (<= 128), 256 (<= 256); tuned for 2-byte dtypes
     decode: dict[int, DecodeConfig] = field(default_factory=dict)
     prefill: dict[int, PrefillConfig] = field(default_factory=dict)
+    # deeper decode pipelines for grids of one wave (splits.deep_splits picks when); only where measured
+    decode_deep: dict[int, DecodeConfig] = field(default_factory=dict)
 
     def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
         config = self.decode[_bucket(head_dim)]
         return _fit(config, lambda c: decode_smem_bytes(c, head_dim, dtype.itemsize), self.smem_kb)
+
+    def decode_deep_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig | None:
+        """The deep-pipeline decode config, or None: where none was measured, and for fp32 (twice the bytes per
+        tile: the two CTAs per SM the config is meant for no longer fit)."""
+        return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         config = self.prefill[_bucket(head_dim)]
@@ -86,9 +95,13 @@ def prefill_smem_bytes(c: PrefillConfig, head_dim: int, itemsize: int) -> int:
 
 
 def decode_smem_bytes(c: DecodeConfig, head_dim: int, itemsize: int) -> int:
-    """The decode kernel's share: num_stages K and V tiles of block_n tokens plus the 16-row query tile."""
+    """Shared memory Triton allocates for the decode kernel: the 16-row query and probability tiles plus the
+    K/V tiles (and their page indices) it loads ahead. The block-table load takes its own pipeline stage ahead of
+    the K/V loads, so num_stages s buffers max(1, (s - 1) // 2) tiles: compiled for sm_90 with Triton 3.6 and 3.8,
+    64 keys at head_dim 128 in fp16 took 39,168 bytes at 3-4 stages, 72,192 at 5-6 and 105,216 at 8."""
     d = _pow2(head_dim)
-    return (16 * d + c.num_stages * 2 * c.block_n * d) * itemsize + 1024
+    buffers = max(1, (c.num_stages - 1) // 2)
+    return (16 * d + 16 * c.block_n) * itemsize + buffers * (2 * c.block_n * d * itemsize + 4 * c.block_n)
 
 
 def _fit(config, need, smem_kb: int):
@@ -151,12 +164,15 @@ TABLES: dict[str, ArchTable] = {
     # 227 KB smem per block, wgmma. Prefill at head_dim 128: 128x64 tiles for one warp group (4 warps), 2 stages,
     # 96 KB, so two CTAs share an SM and one's softmax overlaps the other's matrix products (what FA3 schedules by
     # hand); on the H200 (2026-11-30, 9 candidates x 6 shapes) it beat 128x128/8 warps/3 stages by 4-13% at 4k-16k
-    # and came within 2% at 64k. Decode with 4 stages keeps ~64 KB of K/V in flight per CTA (8 candidates x 4
-    # shapes in benchmarks/attention.py --tune: 64/4/4 best or within 1%; more warps, stages or keys were slower).
+    # and came within 2% at 64k. Decode: 64 keys, 4 stages (one K/V tile loaded ahead, 39 KB) suits grids of many
+    # CTAs (8 candidates x 4 shapes in benchmarks/attention.py --tune: best or within 1%). A grid of at most two
+    # CTAs per SM streams better with two tiles ahead (6 stages, 72 KB): on the H200 (2026-11-30, 16 shapes x
+    # splits) it was 1-7% faster wherever each CTA still reads >= 512 keys, slower on grids of many CTAs.
     "sm_90": ArchTable(
         "sm_90", True, 4000.0, 227,
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3, True), 128: P(128, 64, 4, 2, True), 256: P(64, 64, 8, 2, True)},
+        decode_deep={128: D(64, 4, 6, 2)},
     ),
 }  # fmt: skip
 

@@ -152,36 +152,65 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
         raise ValueError("block_tables must be [batch, max_blocks] and seq_lens [batch]")
 
 
-def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | None = None) -> int:
-    """The heuristic's split count from host-known values; the context bound is the block table's width."""
+def decode_plan(q, k_cache, block_tables, device, num_splits: int | None = None) -> tuple[int, DecodeConfig]:
+    """(split count, config) for a decode call from host-known values (the context bound is the block table's
+    width): the deep-pipeline config where the grid fits one wave of it (splits.deep_splits), else the arch's
+    config with the wave model's split count. A given `num_splits` is kept; only the config is chosen for it."""
     table = table_for(device)
-    config = config or table.decode_config(q.shape[-1], q.dtype)
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    units, max_context = batch * kv_heads, block_tables.shape[1] * k_cache.shape[1]
+    sm_count = _sm_count(device)
+    deep = table.decode_deep_config(head_dim, q.dtype)
+    if deep is not None:
+        if num_splits is None:
+            count = split_model.deep_splits(units, max_context, sm_count, deep.ctas_per_sm)
+            if count is not None:
+                return count, deep
+        elif split_model.in_one_deep_wave(units, num_splits, max_context, sm_count, deep.ctas_per_sm):
+            return num_splits, deep
+    config = table.decode_config(head_dim, q.dtype)
+    if num_splits is None:
+        num_splits = decode_splits(q, k_cache, block_tables, device, config)
+    return num_splits, config
+
+
+def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | None = None) -> int:
+    """The split count for a decode call (decode_plan's); with `config`, the wave model's count for that config."""
+    if config is None:
+        return decode_plan(q, k_cache, block_tables, device)[0]
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
-        device.sm_count if device.is_cuda else 132, config.ctas_per_sm, config.block_n, table.bandwidth_gbs,
+        _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
     )  # fmt: skip
+
+
+def _sm_count(device) -> int:
+    return device.sm_count if device.is_cuda else 132  # the CPU interpreter plans as an H200 would
 
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     *, device=None, config: DecodeConfig | None = None,
 ):  # fmt: skip
-    """Triton paged decode; `device`/`config` override the arch table (tests run other archs' configs)."""
+    """Triton paged decode; `device`/`config` override the arch table (tests run other archs' configs), else
+    decode_plan picks the config (and the split count when `num_splits` is None)."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     device = device or device_for(q)
     table = table_for(device)
     check_dtype(table, q.dtype)
-    config = config or table.decode_config(q.shape[-1], q.dtype)
+    num_splits = None if num_splits is None else max(1, int(num_splits))
+    if config is None:
+        num_splits, config = decode_plan(q, k_cache, block_tables, device, num_splits)
+    elif num_splits is None:
+        num_splits = decode_splits(q, k_cache, block_tables, device, config)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
-    if num_splits is None:
-        num_splits = decode_splits(q, k_cache, block_tables, device, config)
-    num_splits = max(1, int(num_splits))
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:

@@ -52,9 +52,9 @@ def test_fp32_shrinks_the_tuned_tiles_where_they_overflow():
     fp32 = configs.TABLES["sm_80"].prefill_config(128, torch.float32)
     assert (fp32.block_m, fp32.block_n, fp32.num_stages) == (128, 32, 2)
     assert configs.TABLES["sm_80"].prefill_config(80, torch.float32) == fp32  # 80 pads to 128
-    # sm_90: head_dim 256 (64x64, 2 stages) drops to 32 keys; decode at head_dim 128 drops a stage
+    # sm_90: head_dim 256 (64x64, 2 stages) drops to 32 keys; decode (one K/V tile ahead: 78 KB in fp32) fits
     assert configs.TABLES["sm_90"].prefill_config(256, torch.float32).block_n == 32
-    assert configs.TABLES["sm_90"].decode_config(128, torch.float32).num_stages == 3
+    assert configs.TABLES["sm_90"].decode_config(128, torch.float32) == configs.TABLES["sm_90"].decode[128]
     # sm_90 head_dim 128 (128x64, 2 stages: 96 KB in fp16) fits fp32 as tuned
     assert configs.TABLES["sm_90"].prefill_config(128, torch.float32) == configs.TABLES["sm_90"].prefill[128]
 
@@ -97,6 +97,22 @@ def test_public_decode_follows_the_forced_backend(backend):
         settings.set_backend(before)
     ref = attention.reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_smem_matches_what_triton_allocates():
+    """Probed on sm_90 with Triton 3.6 and 3.8 (64 keys, head_dim 128, fp16): the block-table load takes a
+    pipeline stage of its own, so stages 3-4 hold one K/V tile, 5-6 two, 8 three."""
+    for stages, size in ((3, 39168), (4, 39168), (5, 72192), (6, 72192), (8, 105216)):
+        assert configs.decode_smem_bytes(configs.DecodeConfig(64, 4, stages, 4), 128, 2) == size
+    assert configs.decode_smem_bytes(configs.DecodeConfig(32, 4, 12, 4), 128, 2) == 87680
+
+
+def test_deep_decode_configs_fit_the_ctas_per_sm_they_are_meant_for():
+    for table in configs.TABLES.values():
+        for head_dim in table.decode_deep:
+            deep = table.decode_deep_config(head_dim, torch.bfloat16)
+            assert deep.ctas_per_sm * configs.decode_smem_bytes(deep, head_dim, 2) <= table.smem_kb * 1024
+            assert table.decode_deep_config(head_dim, torch.float32) is None
 
 
 def test_sm90_prefill_tiles_leave_room_for_two_ctas_per_sm():

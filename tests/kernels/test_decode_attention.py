@@ -93,6 +93,21 @@ def test_decode_every_arch_config_runs_here(arch):
     assert_close(out, ref, torch.float16)
 
 
+def test_decode_plan_runs_the_deep_pipeline_on_a_one_wave_grid():
+    """sm_90's deep config is picked for a grid of one wave (2 CTAs per SM) whose splits read >= 512 keys, and
+    computes the right thing (on a GPU through its real 6-stage pipeline)."""
+    device = sim_device((9, 0), sm_count=KV_HEADS)  # one wave: 2 * KV_HEADS CTAs, one sequence's KV heads x 2 splits
+    q = torch.empty(1, KV_HEADS * 4, 128, dtype=torch.float16, device="meta")
+    k_cache = torch.empty(1, 16, KV_HEADS, 128, dtype=torch.float16, device="meta")
+    tables = torch.empty(1, 70, dtype=torch.int32, device="meta")  # what make_paged builds for 1100 tokens
+    deep = TABLES["sm_90"].decode_deep_config(128)
+    assert decode.decode_plan(q, k_cache, tables, device) == (2, deep)
+    assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # the engine's count: same
+    assert decode.decode_plan(q, k_cache, tables, device, num_splits=4)[1] != deep  # two waves: the shallow one
+    out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
+    assert_close(out, ref, torch.float16)
+
+
 def test_decode_empty_sequence_is_zero_not_nan():
     out, ref = _run(4, 64, torch.float32, 3, 16, lens=[0, 5, 0])
     assert_close(out, ref, torch.float32)
