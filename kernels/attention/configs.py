@@ -167,7 +167,7 @@ TABLES: dict[str, ArchTable] = {
     # and came within 2% at 64k. Decode: 64 keys, 4 stages (one K/V tile loaded ahead, 39 KB) suits grids of many
     # CTAs (8 candidates x 4 shapes in benchmarks/attention.py --tune: best or within 1%). A grid of at most two
     # CTAs per SM streams better with two tiles ahead (6 stages, 72 KB): on the H200 (2026-11-30, 16 shapes x
-    # splits) it was 1-7% faster wherever each CTA still reads >= 512 keys, slower on grids of many CTAs.
+    # splits) it was 1-7% faster wherever each CTA still reads >= 128 keys, slower on grids of many CTAs.
     "sm_90": ArchTable(
         "sm_90", True, 4000.0, 227,
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},

@@ -31,12 +31,14 @@ too-large count costs only some empty CTAs, never correctness.
 A second, simpler rule picks a deeper pipeline (the arch's `decode_deep` config:
 more K/V tiles loaded ahead per CTA, so fewer CTAs per SM) when the whole grid
 fits one wave of it: with units = batch * kv_heads <= slots = sm_count *
-ctas_per_sm, the split count is slots // units, and the rule applies only if
-each split still reads DEEP_MIN_TOKENS keys (a short split ends before the
-deeper pipeline fills). Measured on the H200 (2026-11-30, 16 shapes): 1-7%
-faster than the shallow config's best split where it applies (B=32 L=2k with 8
-KV heads: 65.1 vs 69.7 us), while grids of several waves or short splits keep
-the shallow config (B=1 L=4k with 8 KV heads: 16.8 us deep vs 12.8 shallow).
+ctas_per_sm, the split count is the largest power of two <= slots // units (a
+power of two keeps every split's 64-key chunks whole and the reduce's tile
+tight: 33 splits of 32k keys ran 3% slower than 32), and the rule applies only
+if each split still reads DEEP_MIN_TOKENS keys. Measured on the H200
+(2026-11-30, 16 shapes x two configs x splits 1..64): 1-7% faster than the
+shallow config's best split where it applies (B=32 L=2k, 8 KV heads: 65.1 vs
+69.7 us; B=1 L=4k: 12.5 vs 12.8), while grids of several waves and splits of
+one chunk keep the shallow config (64-key splits: 15.0 us deep vs 13.2).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ SAT_CTAS_PER_SM = 3  # CTAs per SM needed to saturate HBM with 3-stage decode pi
 T0_US = 1.0  # per-wave prologue/epilogue latency (block-table, q and seq_len loads; partial write)
 T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
 TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
-DEEP_MIN_TOKENS = 512  # keys a split must read for the deep pipeline to pay (its pipeline fill is longer)
+DEEP_MIN_TOKENS = 128  # keys a split must read for the deep pipeline to pay: two 64-key chunks
 
 
 def modelled_time_us(
@@ -97,7 +99,7 @@ def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, m
     slots = sm_count * ctas_per_sm
     if units < 1 or units > slots:
         return None
-    count = min(max_splits, slots // units)
+    count = 1 << (min(max_splits, slots // units).bit_length() - 1)
     return count if in_one_deep_wave(units, count, max_context, sm_count, ctas_per_sm) else None
 
 

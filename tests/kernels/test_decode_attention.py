@@ -94,7 +94,7 @@ def test_decode_every_arch_config_runs_here(arch):
 
 
 def test_decode_plan_runs_the_deep_pipeline_on_a_one_wave_grid():
-    """sm_90's deep config is picked for a grid of one wave (2 CTAs per SM) whose splits read >= 512 keys, and
+    """sm_90's deep config is picked for a grid of one wave (2 CTAs per SM) whose splits read >= 128 keys, and
     computes the right thing (on a GPU through its real 6-stage pipeline)."""
     device = sim_device((9, 0), sm_count=KV_HEADS)  # one wave: 2 * KV_HEADS CTAs, one sequence's KV heads x 2 splits
     q = torch.empty(1, KV_HEADS * 4, 128, dtype=torch.float16, device="meta")

@@ -62,21 +62,23 @@ def test_decode_splits_reads_only_host_values():
     k_cache = torch.empty(1, 16, 8, 128, dtype=torch.float16)
     tables = torch.empty(2, 256, dtype=torch.int32)  # 4096 tokens
     dev = sim_device((9, 0), sm_count=132)
-    cfg = TABLES["sm_90"].decode_config(128)
+    cfg, deep = TABLES["sm_90"].decode_config(128), TABLES["sm_90"].decode_deep_config(128)
     want = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 132, cfg.ctas_per_sm, cfg.block_n, 4000.0)
-    assert decode_splits(q, k_cache, tables, dev) == want > 1
+    assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
+    assert decode_splits(q, k_cache, tables, dev) == splits.deep_splits(16, 4096, 132, deep.ctas_per_sm) == 16
 
 
 def test_deep_pipeline_takes_a_one_wave_grid_of_long_splits():
     # 132 SMs x 2 CTAs: 264 slots
     assert splits.deep_splits(256, 2048, 132, 2) == 1  # 32 sequences x 8 KV heads fill the wave unsplit
-    assert splits.deep_splits(8, 32768, 132, 2) == 33  # one sequence: 33 splits of ~1k keys
+    assert splits.deep_splits(8, 32768, 132, 2) == 32  # one sequence: 264 // 8 = 33, down to a power of two
+    assert splits.deep_splits(8, 4096, 132, 2) == 32  # splits of 128 keys: two chunks each
     assert splits.deep_splits(1, 1 << 20, 132, 2) == splits.MAX_SPLITS
 
 
 def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
     assert splits.deep_splits(512, 1 << 20, 132, 2) is None  # more units than the wave holds
-    assert splits.deep_splits(8, 4096, 132, 2) is None  # 33 splits of 124 keys: too short
+    assert splits.deep_splits(8, 2048, 132, 2) is None  # 32 splits of 64 keys: too short
     assert splits.deep_splits(0, 4096, 132, 2) is None
     assert not splits.in_one_deep_wave(8, 34, 1 << 20, 132, 2)  # 272 CTAs: two waves
 
@@ -91,8 +93,8 @@ def test_decode_plan_keeps_the_shallow_config_where_the_deep_one_does_not_apply(
 
     deep = TABLES["sm_90"].decode_deep_config(128)
     assert plan(32, 2048, dev90) == (1, deep)
-    assert plan(1, 32768, dev90) == (33, deep)
+    assert plan(1, 32768, dev90) == (32, deep)
     assert plan(128, 512, dev90)[1] == TABLES["sm_90"].decode_config(128)  # 1024 CTAs: many waves
-    assert plan(1, 4096, dev90)[1] == TABLES["sm_90"].decode_config(128)  # short splits
+    assert plan(1, 2048, dev90)[1] == TABLES["sm_90"].decode_config(128)  # short splits
     assert plan(32, 2048, dev90, torch.float32)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
