@@ -49,7 +49,9 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.num_cached_prompt_tokens = 0  # of those, how many came from the prefix cache
         self.num_new_tokens = 0  # tokens scheduled this step
-        self.num_pending = 0  # tokens sampled by a launched step that have not reached the host yet (0 or 1)
+        # tokens sampled by launched steps that have not reached the host yet: 0 or 1 between steps, 2 for the
+        # moment between launching a step ahead (async scheduling) and collecting the previous step's token
+        self.num_pending = 0
         self.waiting_since = 0  # the scheduler's step count when it last entered the waiting queue
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.finish_reason: str | None = None
