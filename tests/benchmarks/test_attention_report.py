@@ -1,0 +1,41 @@
+"""The attention benchmark's target checks and Markdown table, on synthetic rows (no GPU)."""
+
+from benchmarks.attention import config_name, markdown, targets
+from kernels.attention.configs import DecodeConfig
+
+
+def _decode_row(ours, sdpa, best, kv_mb=512.0, copy_gbs=4000.0):
+    us_floor = kv_mb * 2**20 / (copy_gbs * 1e3)
+    return {
+        "dtype": "float16", "q_heads": 32, "kv_heads": 8, "batch": 1, "ctx": 32768, "kv_mb": kv_mb,
+        "heuristic_splits": 32, "heuristic_config": "64/4/6", "ours_us": ours, "sdpa_us": sdpa,
+        "best_fixed": "64/4/4 S=64", "best_fixed_us": best, "bw_frac": us_floor / ours, "sdpa_bw_frac": us_floor / sdpa,
+    }  # fmt: skip
+
+
+def test_targets_judge_each_decode_row_against_its_peers():
+    fast = _decode_row(ours=120.0, sdpa=125.0, best=118.0)  # faster than SDPA, within 10% of the best split
+    slow = _decode_row(ours=140.0, sdpa=125.0, best=120.0)  # slower than SDPA, 17% off the best split
+    t = targets([fast, slow], [], 4000.0)
+    assert t["decode_never_slower_than_sdpa"] == {"met": False, "missed": [_name(slow)], "cases": 2}
+    assert t["heuristic_within_10pct_of_best_fixed"]["missed"] == [_name(slow)]
+    assert t["decode_0.95_copy_bw_where_kv_over_256MB"]["cases"] == 2
+    assert t["prefill_0.9x_sdpa"] == {"met": True, "missed": [], "cases": 0}
+
+
+def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
+    res = {
+        "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
+        "decode_config": "D", "decode_deep_config": "DD", "prefill_config": "P",
+        "decode": [_decode_row(ours=120.0, sdpa=125.0, best=118.0)], "prefill": [],
+    }  # fmt: skip
+    res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])
+    text = markdown(res)
+    assert "| 64/4/6 S=32 | 120.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
+    assert "deep, for one-wave grids: DD" in text
+    assert "- prefill_0.9x_sdpa: not measured in this run" in text
+    assert config_name(DecodeConfig(64, 4, 6, 2)) == "64/4/6"
+
+
+def _name(row):
+    return f"{row['dtype']} {row['q_heads']}/{row['kv_heads']} B={row['batch']} L={row['ctx']}"
