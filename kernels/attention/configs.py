@@ -15,7 +15,8 @@ Facts the tables rest on (per SM unless said otherwise):
 - sm_80 (A100): 164 KB shared memory, cp.async, bf16 mma; HBM2e ~2 TB/s:
   3-4 stages, 128-row prefill tiles.
 - sm_86 / sm_89 (A10/A6000/RTX 30xx, L4/L40/RTX 40xx): 100 KB shared memory
-  per SM (99 KB per block): 2 stages, 64-row prefill tiles for head_dim 128.
+  per SM (99 KB per block): 2-stage prefill with 64-row tiles for head_dim 128;
+  3-stage decode (see the table).
 - sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
   tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: 128-row
   prefill tiles for one warp group, two CTAs per SM, contiguous rows through TMA
@@ -29,6 +30,7 @@ is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -74,8 +76,7 @@ class ArchTable:
     decode_deep: dict[int, DecodeConfig] = field(default_factory=dict)
 
     def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
-        config = self.decode[_bucket(head_dim)]
-        return _fit(config, lambda c: decode_smem_bytes(c, head_dim, dtype.itemsize), self.smem_kb)
+        return _fit(self.decode[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
 
     def decode_deep_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig | None:
         """The deep-pipeline decode config, or None: where none was measured, and for fp32 (twice the bytes per
@@ -83,8 +84,7 @@ class ArchTable:
         return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
-        config = self.prefill[_bucket(head_dim)]
-        return _fit(config, lambda c: prefill_smem_bytes(c, head_dim, dtype.itemsize), self.smem_kb)
+        return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
 
 
 def prefill_smem_bytes(c: PrefillConfig, head_dim: int, itemsize: int) -> int:
@@ -104,16 +104,23 @@ def decode_smem_bytes(c: DecodeConfig, head_dim: int, itemsize: int) -> int:
     return (16 * d + 16 * c.block_n) * itemsize + buffers * (2 * c.block_n * d * itemsize + 4 * c.block_n)
 
 
-def _fit(config, need, smem_kb: int):
+@functools.cache  # called on every kernel launch (per layer in eager steps); the answer depends on its args only
+def _fit(config, head_dim: int, itemsize: int, smem_kb: int):
     """The tuned config made to fit (fp32 doubles every tile): down to two stages, then fewer keys per tile,
-    then one stage, then fewer query rows."""
-    while need(config) > smem_kb * 1024 and config.num_stages > 2:
+    then one stage, then (prefill) fewer query rows."""
+    prefill = isinstance(config, PrefillConfig)
+    smem_bytes = prefill_smem_bytes if prefill else decode_smem_bytes
+
+    def over(c) -> bool:
+        return smem_bytes(c, head_dim, itemsize) > smem_kb * 1024
+
+    while over(config) and config.num_stages > 2:
         config = replace(config, num_stages=config.num_stages - 1)
-    while need(config) > smem_kb * 1024 and config.block_n > 16:
+    while over(config) and config.block_n > 16:
         config = replace(config, block_n=config.block_n // 2)
-    while need(config) > smem_kb * 1024 and config.num_stages > 1:
+    while over(config) and config.num_stages > 1:
         config = replace(config, num_stages=config.num_stages - 1)
-    while isinstance(config, PrefillConfig) and need(config) > smem_kb * 1024 and config.block_m > 16:
+    while prefill and over(config) and config.block_m > 16:
         config = replace(config, block_m=config.block_m // 2)
     return config
 

@@ -189,7 +189,7 @@ def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | None 
 
 
 def _sm_count(device) -> int:
-    return device.sm_count if device.is_cuda else 132  # the CPU interpreter plans as an H200 would
+    return device.sm_count if device.is_cuda else 132  # the CPU interpreter plans with an H200's SM count
 
 
 def paged_decode_attention(
