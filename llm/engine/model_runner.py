@@ -32,7 +32,7 @@ from llm.weights import load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
-TABLE_WIDTH_MULTIPLE = 16  # block tables are padded to a multiple of this many columns
+TABLE_WIDTH_MULTIPLE = 16  # block-table width multiple: keeps the row stride in one Triton specialization class
 _MM_EMBED_CACHE = 32  # image embeddings kept by content hash (a prompt's chunks reuse them)
 
 
@@ -106,7 +106,7 @@ class ModelRunner:
         """Run one mixed step (a decode row and a prefill of a few blocks) on scratch blocks, then zero them:
         Triton compiles the eager step's kernels now instead of while the first requests wait."""
         bs, n = self.block_size, 2 * self.block_size + 3
-        blocks = 1 + -(-n // bs)
+        blocks = 1 + math.ceil(n / bs)
         if self.num_blocks < blocks:
             return
         params = SamplingParams(temperature=0, max_tokens=1)
@@ -194,14 +194,16 @@ class ModelRunner:
 
     def _prepare(self, seqs: list[Sequence]):
         input_ids, slots, seq_lens, context_lens, cu_q, sample_rows = [], [], [], [], [0], []
-        on_device: list[tuple[int, int]] = []  # (input row, seq_id): tokens the previous step sampled
+        # tokens the previous step sampled, still on the device: their input rows, their rows there
+        fill_rows, fill_src = [], []
         positions: list = [[], [], []] if self.uses_mrope else []
         bs = self.block_size
         mrope = self.uses_mrope
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
             if end > len(seq.token_ids):  # its last token is still on the device (async scheduling)
-                on_device.append((len(input_ids) + end - start - 1, seq.seq_id))
+                fill_rows.append(len(input_ids) + end - start - 1)
+                fill_src.append(self._sampled_rows[seq.seq_id])
             if end - start == 1 and not mrope:  # a decode row: the common case, kept lean
                 input_ids.append(seq.token_ids[start] if start < len(seq.token_ids) else 0)
                 positions.append(start)
@@ -221,7 +223,6 @@ class ModelRunner:
             cu_q.append(cu_q[-1] + end - start)
             if seq.samples_this_step:
                 sample_rows.append(cu_q[-1] - 1)
-        # a width that is a multiple of 16 keeps the row stride in one Triton specialization class
         tables = padded_rows([s.block_table for s in seqs], multiple=TABLE_WIDTH_MULTIPLE)
         dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
@@ -242,10 +243,8 @@ class ModelRunner:
             num_decode_seqs=num_decode,
         )
         ids = to_device(input_ids, torch.long, dev)
-        if on_device:
-            rows_of = self._sampled_rows
-            dst = to_device([row for row, _ in on_device], torch.long, dev)
-            src = to_device([rows_of[seq_id] for _, seq_id in on_device], torch.long, dev)
+        if fill_rows:
+            dst, src = to_device([fill_rows, fill_src], torch.long, dev)
             ids.index_copy_(0, dst, self._sampled_tokens.index_select(0, src))
         pos = to_device(positions, torch.long, dev)
         return ids, pos, meta, sample_rows

@@ -48,36 +48,35 @@ def reference(model_dir, prompts):
     return [hf_greedy(hf, p, 16) for p in prompts]
 
 
-_MODE = {"async_scheduling": False}
-
-
-@pytest.fixture(autouse=True, params=[False, True], ids=["sync", "async"])
-def scheduling_mode(request):
-    """Every engine test runs twice: steps collected before the next is scheduled, and async scheduling
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def scheduling_mode(request) -> bool:
+    """Every test that builds an engine runs twice: steps collected before the next is scheduled, and async scheduling
     (step N+1 launched before step N's tokens reach the host, its inputs read from the device)."""
-    _MODE["async_scheduling"] = request.param
-    yield request.param
-    _MODE["async_scheduling"] = False
+    return request.param
 
 
-def make_llm(model_dir, **options) -> LLM:
-    options = {"block_size": 4, "num_blocks": 256, **_MODE, **options}
-    return LLM(str(model_dir), dtype="float32", device="cpu", **options)
+@pytest.fixture
+def make_llm(model_dir, scheduling_mode):
+    def make(**options) -> LLM:
+        options = {"block_size": 4, "num_blocks": 256, "async_scheduling": scheduling_mode, **options}
+        return LLM(str(model_dir), dtype="float32", device="cpu", **options)
+
+    return make
 
 
 def tokens(outputs) -> list[list[int]]:
     return [o.token_ids for o in outputs]
 
 
-def test_batch_and_one_at_a_time_equal_transformers(model_dir, prompts, reference):
-    llm = make_llm(model_dir, enable_prefix_caching=False)
+def test_batch_and_one_at_a_time_equal_transformers(make_llm, prompts, reference):
+    llm = make_llm(enable_prefix_caching=False)
     assert tokens(llm.generate(prompts, GREEDY)) == reference
     singles = [llm.generate([p], GREEDY)[0].token_ids for p in prompts]
     assert singles == reference
 
 
-def test_prefix_cache_hits_give_the_same_tokens(model_dir, prompts, reference):
-    llm = make_llm(model_dir)
+def test_prefix_cache_hits_give_the_same_tokens(make_llm, prompts, reference):
+    llm = make_llm()
     first = llm.generate(prompts, GREEDY)
     second = llm.generate(prompts, GREEDY)
     assert tokens(first) == tokens(second) == reference
@@ -85,21 +84,21 @@ def test_prefix_cache_hits_give_the_same_tokens(model_dir, prompts, reference):
     assert all(o.num_cached_tokens >= 4 * ((len(p) - 1) // 4) for o, p in zip(second, prompts, strict=True))
 
 
-def test_chunked_prefill_gives_the_same_tokens(model_dir, prompts, reference):
-    llm = make_llm(model_dir, max_num_batched_tokens=8, max_num_seqs=8, enable_prefix_caching=False)
+def test_chunked_prefill_gives_the_same_tokens(make_llm, prompts, reference):
+    llm = make_llm(max_num_batched_tokens=8, max_num_seqs=8, enable_prefix_caching=False)
     assert max(len(p) for p in prompts) > 8
     assert tokens(llm.generate(prompts, GREEDY)) == reference
 
 
-def test_tiny_kv_pool_preempts_and_gives_the_same_tokens(model_dir, prompts, reference):
-    llm = make_llm(model_dir, num_blocks=20, max_num_batched_tokens=32)
+def test_tiny_kv_pool_preempts_and_gives_the_same_tokens(make_llm, prompts, reference):
+    llm = make_llm(num_blocks=20, max_num_batched_tokens=32)
     assert tokens(llm.generate(prompts, GREEDY)) == reference
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.num_free_blocks() == 20
 
 
-def test_stop_conditions_and_finish_reasons(model_dir, prompts):
-    llm = make_llm(model_dir)
+def test_stop_conditions_and_finish_reasons(make_llm, prompts):
+    llm = make_llm()
     full = llm.generate([prompts[1]], GREEDY)[0]
     text, ids = full.text, full.token_ids
     assert full.finish_reason == "length" and len(ids) == 16
@@ -120,8 +119,8 @@ def test_stop_conditions_and_finish_reasons(model_dir, prompts):
     assert shorter.token_ids == ids[:5] and shorter.finish_reason == "length"
 
 
-def test_eos_ends_generation_unless_ignored(model_dir, prompts):
-    llm = make_llm(model_dir)
+def test_eos_ends_generation_unless_ignored(make_llm, prompts):
+    llm = make_llm()
     eos = llm.tokenizer.eos_token_id
     # make EOS the greedy choice at once by using it as the only allowed token via a huge penalty elsewhere:
     # simpler and exact: treat the 3rd greedy token as EOS through stop_token_ids vs ignore_eos
@@ -134,8 +133,8 @@ def test_eos_ends_generation_unless_ignored(model_dir, prompts):
     assert eos in llm.engine.eos_token_ids
 
 
-def test_seeded_sampling_is_reproducible_and_n_completions_differ(model_dir, prompts):
-    llm = make_llm(model_dir)
+def test_seeded_sampling_is_reproducible_and_n_completions_differ(make_llm, prompts):
+    llm = make_llm()
     p = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True, n=3)
     a = llm.generate([prompts[3]], p)[0]
     b = llm.generate([prompts[3]], p)[0]
@@ -145,8 +144,8 @@ def test_seeded_sampling_is_reproducible_and_n_completions_differ(model_dir, pro
     assert one[0].token_ids == a.outputs[0].token_ids  # completion i uses seed + i
 
 
-def test_logprobs_match_transformers(model_dir, prompts, reference):
-    llm = make_llm(model_dir)
+def test_logprobs_match_transformers(make_llm, model_dir, prompts, reference):
+    llm = make_llm()
     out = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2))[0]
     hf = load_hf_model(model_dir)
     ids = prompts[0] + reference[0][:3]
@@ -173,7 +172,7 @@ def test_dtype_choice_and_bf16_fallback(model_dir, caplog):
     assert pick_dtype(cfg, "float16", cpu) == torch.float16
 
 
-def test_repetition_penalty_matches_transformers_logits_processor(model_dir, prompts, reference):
+def test_repetition_penalty_matches_transformers_logits_processor(make_llm, model_dir, prompts, reference):
     from transformers import RepetitionPenaltyLogitsProcessor
 
     hf = load_hf_model(model_dir)
@@ -183,7 +182,7 @@ def test_repetition_penalty_matches_transformers_logits_processor(model_dir, pro
         for _ in range(10):
             scores = processor(torch.tensor([ids]), hf(torch.tensor([ids])).logits[:, -1])
             ids.append(int(scores.argmax()))
-    llm = make_llm(model_dir)
+    llm = make_llm()
     out = llm.generate(
         [prompts[3]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5)
     )
@@ -191,8 +190,8 @@ def test_repetition_penalty_matches_transformers_logits_processor(model_dir, pro
     assert out[0].token_ids != reference[3][:10]  # the penalty changed the greedy path
 
 
-def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference, scheduling_mode):
-    llm = make_llm(model_dir)
+def test_n_completions_share_the_prompt_blocks(make_llm, prompts, reference, scheduling_mode):
+    llm = make_llm()
     out = llm.generate([prompts[5]], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, n=3))[0]
     assert [c.token_ids for c in out.outputs] == [reference[5]] * 3 and [c.index for c in out.outputs] == [0, 1, 2]
     assert llm.engine.num_free_blocks() == 256
@@ -210,10 +209,10 @@ def test_n_completions_share_the_prompt_blocks(model_dir, prompts, reference, sc
     engine.abort("shared")
 
 
-def test_start_up_mixed_step_leaves_the_cache_clean_and_outputs_unchanged(model_dir, prompts, reference):
+def test_start_up_mixed_step_leaves_the_cache_clean_and_outputs_unchanged(make_llm, prompts, reference):
     # On CUDA the runner runs one scratch mixed step at start (Triton compiles its kernels then); here it
     # is run by hand on the CPU: it must leave no K/V behind and change no later output.
-    llm = make_llm(model_dir)
+    llm = make_llm()
     runner = llm.engine.runner
     runner._compile_step_kernels()
     assert all(not k.any() and not v.any() for k, v in runner.kv_caches)
