@@ -1,8 +1,6 @@
 """The OpenAI-compatible API over a live server and a real engine (tiny random text model)."""
 
 import asyncio
-import base64
-import io
 import json
 import time
 
@@ -14,6 +12,7 @@ from PIL import Image
 from app.client import AsyncClient, Client, ClientError
 from app.model_choice import EXAMPLES
 from tests.app.conftest import LONG_CONTEXT
+from tests.images import data_url, encode
 
 HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
 
@@ -49,9 +48,7 @@ def test_openai_package_stream_matches_non_stream(server):
 
 def test_openai_package_with_an_image(server):
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    buf = io.BytesIO()
-    Image.open(EXAMPLES / "one-shape.png").save(buf, format="PNG")
-    image_url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    image_url = data_url(encode(Image.open(EXAMPLES / "one-shape.png")))
     content = [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": "What is this?"}]
     messages = [{"role": "user", "content": content}]
     full = client.chat.completions.create(model="tiny-llava", messages=messages, max_tokens=8, temperature=0)

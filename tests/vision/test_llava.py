@@ -1,8 +1,5 @@
 """LLaVA-1.5 (CLIP tower, Llama decoder) end to end against transformers, fp32 on CPU."""
 
-import base64
-import io
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -10,6 +7,7 @@ from transformers import LlavaForConditionalGeneration
 
 from llm.errors import WeightMismatchError
 from llm.weights import load_model
+from tests.images import data_url, encode
 from tests.vision import vlm_checks as checks
 from tests.vision.references import image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_llava
@@ -36,19 +34,17 @@ def test_image_embeddings_are_cached_by_content(llm):
 
 
 def test_image_limit_per_request(llm):
-    checks.check_image_limit(LLAVA, llm)
+    checks.check_image_limit(llm)
 
 
 def test_image_parts_as_path_bytes_and_data_url(family, llm, tmp_path):
-    buf = io.BytesIO()
-    image(1).save(buf, format="PNG")
+    png = encode(image(1))
     path = tmp_path / "one.png"
-    path.write_bytes(buf.getvalue())
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    path.write_bytes(png)
     parts = [
         {"type": "image", "image": str(path)},
-        {"type": "image", "image": buf.getvalue()},
-        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "image", "image": png},
+        {"type": "image_url", "image_url": {"url": data_url(png)}},
     ]
     text = {"type": "text", "text": "What is this?"}
     outs = llm.generate([[{"role": "user", "content": [p, text]}] for p in parts], checks.GREEDY)

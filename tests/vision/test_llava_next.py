@@ -4,6 +4,7 @@ import pytest
 from transformers import LlavaNextForConditionalGeneration
 
 from tests.vision import vlm_checks as checks
+from tests.vision.references import image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_llava_next
 
 LLAVA_NEXT = checks.FamilyChecks(LlavaNextForConditionalGeneration, "llava-next")
@@ -21,8 +22,6 @@ def test_batch_of_text_and_image_requests_matches_transformers(family, llm):
 
 @pytest.mark.parametrize("size", [(45, 30), (30, 50)], ids=["wide-unpad-rows", "tall-unpad-columns"])
 def test_unpadded_odd_aspect_images_match_transformers(family, size):
-    from tests.vision.references import image, our_prompt_logits, rel_err
-
     processor, ours, _ = family
     conv = [{"role": "user", "content": [{"type": "image", "image": image(5, size)}, {"type": "text", "text": "Hi"}]}]
     prompt, _, expected = LLAVA_NEXT.reference(family, conv)

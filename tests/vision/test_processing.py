@@ -1,6 +1,5 @@
 """Content parts -> images, the per-request image limit, content hashes and placeholder spans (no model needed)."""
 
-import base64
 import io
 
 import pytest
@@ -8,21 +7,19 @@ import torch
 from PIL import Image
 
 from llm.errors import InvalidRequestError
+from tests.images import data_url, encode
 from vision.processing import content_hash, load_image, place_images, placeholder_runs, split_messages
 
 
 def _png(color=(255, 0, 0)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (4, 3), color).save(buf, format="PNG")
-    return buf.getvalue()
+    return encode(Image.new("RGB", (4, 3), color))
 
 
 def test_image_sources_give_the_same_pixels(tmp_path):
     data = _png()
     path = tmp_path / "a.png"
     path.write_bytes(data)
-    url = "data:image/png;base64," + base64.b64encode(data).decode()
-    images = [load_image(x) for x in (data, str(path), path, url, Image.open(io.BytesIO(data)))]
+    images = [load_image(x) for x in (data, str(path), path, data_url(data), Image.open(io.BytesIO(data)))]
     assert all(im.mode == "RGB" and im.tobytes() == images[0].tobytes() for im in images)
 
 
@@ -45,8 +42,7 @@ def test_messages_split_into_template_parts_and_images():
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Look"}, {"type": "image", "image": _png()},
-                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
-                                                                         + base64.b64encode(_png()).decode()}}]},
+                                     {"type": "image_url", "image_url": {"url": data_url(_png())}}]},
     ]  # fmt: skip
     out, images = split_messages(messages, max_images=2)
     assert out[0]["content"] == "Be brief."

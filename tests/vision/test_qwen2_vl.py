@@ -1,13 +1,17 @@
 """Qwen2-VL and Qwen2.5-VL end to end against transformers (M-RoPE, window attention), fp32 on CPU."""
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
+from llm.weights import load_model
 from tests.vision import vlm_checks as checks
-from tests.vision.references import conversations, hf_inputs_for, image
+from tests.vision.references import conversations, image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_qwen_vl
 
 
@@ -40,7 +44,7 @@ def test_image_embeddings_are_cached_by_content(setup):
 
 
 def test_image_limit_per_request(setup):
-    checks.check_image_limit(setup[0], setup[2])
+    checks.check_image_limit(setup[2])
 
 
 def test_max_pixels_per_request_bounds_image_tokens(setup):
@@ -56,11 +60,6 @@ def test_max_pixels_per_request_bounds_image_tokens(setup):
 
 def test_transformers5_layout_loads(setup, tmp_path):
     """model.language_model.* / model.visual.* (transformers >= 5) load like model.* / visual.*."""
-    from safetensors.torch import load_file, save_file
-
-    from llm.weights import load_model
-    from tests.vision.references import our_prompt_logits, rel_err
-
     checks_, family, llm = setup
     processor, ours, _ = family
     src, dst = Path(llm.config.model), tmp_path / "new"
@@ -80,12 +79,6 @@ def test_transformers5_layout_loads(setup, tmp_path):
 
 def test_tie_follows_transformers_when_the_checkpoint_has_its_own_head(setup, tmp_path):
     """tie_word_embeddings=true with a separate, different lm_head in the file: transformers unties; so do we."""
-    import json
-    import shutil
-
-    from llm.weights import load_model
-    from tests.vision.references import our_prompt_logits, rel_err
-
     checks_, family, llm = setup
     processor, ours, _ = family
     dst = tmp_path / "tied"
@@ -97,5 +90,5 @@ def test_tie_follows_transformers_when_the_checkpoint_has_its_own_head(setup, tm
     prompt = type(ours).process_prompt(processor, conversations(image)["one_image"], {})
     hf = checks_.hf_class.from_pretrained(dst, dtype=torch.float32).eval()
     with torch.no_grad():
-        expected = hf(**hf_inputs_for("qwen", prompt)).logits[0]
+        expected = hf(**checks_.hf_inputs(prompt)).logits[0]
     assert rel_err(our_prompt_logits(relaid, prompt), expected) < checks.RTOL

@@ -18,13 +18,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 class FamilyChecks:
-    """Per family: its transformers class and its key for `references.hf_inputs_for`; `mm_options`."""
-
-    mm_options: dict = {}
+    """Per family: its transformers class and its key for `references.hf_inputs_for`."""
 
     def __init__(self, hf_class, inputs_family: str) -> None:
         self.hf_class = hf_class
         self.inputs_family = inputs_family
+        self._references: dict = {}
 
     def hf_inputs(self, prompt) -> dict:
         return hf_inputs_for(self.inputs_family, prompt)
@@ -38,12 +37,11 @@ class FamilyChecks:
     def reference(self, family, conv):
         """(our prompt, transformers' greedy tokens, its prompt logits), memoized per conversation."""
         processor, ours, hf = family
-        prompt = type(ours).process_prompt(processor, conv, dict(self.mm_options))
+        prompt = type(ours).process_prompt(processor, conv, {})
         key = (id(hf), tuple(prompt.token_ids), tuple(i.hash for i in prompt.images))
-        cache = self.__dict__.setdefault("_references", {})
-        if key not in cache:
-            cache[key] = hf_generate(hf, self.hf_inputs(prompt), NEW_TOKENS)
-        return (prompt, *cache[key])
+        if key not in self._references:
+            self._references[key] = hf_generate(hf, self.hf_inputs(prompt), NEW_TOKENS)
+        return (prompt, *self._references[key])
 
 
 def module_fixtures(checks: FamilyChecks, make_model_dir, tag: str):
@@ -98,7 +96,7 @@ def check_prefix_cache_separates_images(checks: FamilyChecks, family, llm: LLM) 
     bs = engine.block_manager.block_size
 
     def hits(c) -> tuple[int, object]:
-        prompt = type(ours).process_prompt(processor, c, dict(checks.mm_options))
+        prompt = type(ours).process_prompt(processor, c, {})
         seq = Sequence("probe", prompt, GREEDY, bs)
         return len(engine.block_manager.match_prefix(seq)), prompt
 
@@ -129,10 +127,10 @@ def check_embeddings_cached(llm: LLM) -> None:
     assert calls == [1]
 
 
-def check_image_limit(checks: FamilyChecks, llm: LLM) -> None:
+def check_image_limit(llm: LLM) -> None:
     conv = conversations(image)["two_images"]
     try:
-        llm.engine.add_request("limit", conv, GREEDY, {**checks.mm_options, "max_images": 1})
+        llm.engine.add_request("limit", conv, GREEDY, {"max_images": 1})
     except InvalidRequestError as e:
         assert "at most 1 images" in str(e)
     else:
