@@ -30,7 +30,7 @@ import time
 import torch
 
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
-from benchmarks.report import save_results
+from benchmarks.report import render_results, save_results
 from kernels.device import get_device_info
 
 CHUNK_BUDGET = 8192  # prefill tokens per engine step (max_num_batched_tokens)
@@ -289,10 +289,8 @@ def main():
     args = parser.parse_args()
     if args.render:
         with open(args.render) as f:
-            text = markdown(json.load(f))
-        with open(args.render.removesuffix(".json") + ".md", "w") as f:
-            f.write(text)
-        print(text)
+            result = json.load(f)
+        render_results(args.render.removesuffix(".json"), result, markdown)
         return
     import transformers
     import triton

@@ -23,14 +23,19 @@ def tiny_or_gpu_args() -> tuple[argparse.Namespace, bool, torch.device]:
 
 
 def save_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str] | None = None) -> None:
-    """Write `stem`.json (creating its folder); with `render`, then `stem`.md = render(result), and print it.
-    The JSON is written first, so a partial result survives a failing or interrupted render."""
+    """Write `stem`.json (creating its folder); with `render`, then `stem`.md (render_results). The JSON is
+    written first, so a partial result survives a failing or interrupted render."""
     stem = os.fspath(stem)
     os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     if render is not None:
-        text = render(result)
-        with open(stem + ".md", "w") as f:
-            f.write(text)
-        print(text)
+        render_results(stem, result, render)
+
+
+def render_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str]) -> None:
+    """Write `stem`.md = render(result) and print it."""
+    text = render(result)
+    with open(os.fspath(stem) + ".md", "w") as f:
+        f.write(text)
+    print(text)

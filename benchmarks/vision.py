@@ -5,7 +5,8 @@ Qwen2-VL 675M ViT (32 blocks of width 1280) on 448x448 images (1024 patches -> 2
 Each is timed as transformers runs it (SDPA attention) and as ours runs it, eagerly and
 replayed from a CUDA graph (what `embed_multimodal` does on CUDA). The same run checks
 ours and transformers in bf16 against transformers in fp32, and a mid-size random LLaVA
-and Qwen2-VL end to end (prompt logits, greedy tokens) in bf16.
+and Qwen2-VL end to end (prompt logits, greedy tokens): ours in bf16 against transformers
+in bf16 and in fp32.
 
     python -m benchmarks.vision [--out DIR] [--smoke]
 
@@ -212,8 +213,9 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
 
     for name, result in zip(names, got, strict=True):
         prompt = type(model).process_prompt(processor, convs[name], {})
-        tokens, logits = generate(hf, references.hf_inputs_for(family, prompt, device))
-        tokens32, logits32 = generate(hf32, references.hf_inputs_for(family, prompt, device))
+        inputs = references.hf_inputs_for(family, prompt, device)
+        tokens, logits = generate(hf, inputs)
+        tokens32, logits32 = generate(hf32, inputs)
         ours = references.our_prompt_logits(model, prompt, device=device)
         out[name] = {
             "logits_rel_err_vs_hf_bf16": rel_err(ours, logits),
