@@ -336,8 +336,9 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
     parser.add_argument("--tune", action="store_true", help="first pick the decode/prefill configs by a sweep")
-    parser.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
-    parser.add_argument("--decode-only", action="store_true", help="skip the prefill shapes")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
+    only.add_argument("--decode-only", action="store_true", help="skip the prefill shapes")
     parser.add_argument(
         "--decode-shapes", type=_shapes, help="decode (batch x context) pairs instead of the grid, e.g. 1x4096,8x4096"
     )
@@ -351,11 +352,12 @@ def main():
            "prefill_config": str(table_for(device).prefill_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
-    if args.tune:
-        if not args.prefill_only:
-            dec_cfg, res["tune_decode"] = tune_decode(device)
+    if args.tune and not args.prefill_only:
+        dec_cfg, res["tune_decode"] = tune_decode(device)
+        res["decode_config"] = str(dec_cfg)
+    if args.tune and not args.decode_only:
         pre_cfg, res["tune_prefill"] = tune_prefill(device)
-        res["decode_config"], res["prefill_config"] = str(dec_cfg), str(pre_cfg)
+        res["prefill_config"] = str(pre_cfg)
     bw = res["copy_gbs"] * 1e3  # bytes per microsecond
     res["decode"], res["prefill"] = [], []
     shapes = args.decode_shapes or (DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES)
@@ -371,8 +373,7 @@ def main():
                 torch.cuda.empty_cache()
                 print(f"decode {r['dtype']} {q_heads}/{kv_heads} B={batch} L={ctx}: ours {r['ours_us']:.1f}us "
                       f"({r['heuristic_config']} S={r['heuristic_splits']}) best {r['best_fixed_us']:.1f} "
-                      f"({r['best_fixed']}) "
-                      f"sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
+                      f"({r['best_fixed']}) sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
     for dtype in () if args.decode_only else (torch.float16, torch.bfloat16):
         shapes = [(b, n, 0) for b, n in PREFILL_SHAPES] + EXTEND_SHAPES
         for batch, length, prefix in shapes[:1] if args.quick else shapes:
