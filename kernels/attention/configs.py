@@ -64,6 +64,15 @@ class PrefillConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class WsPrefillConfig:
+    """The warp-specialized Gluon prefill of `prefill_ws.py` (two 64-row consumer warpgroups, one loader warp)."""
+
+    block_n: int  # KV tokens per tile
+    num_stages: int  # K/V tiles in the loader's ring
+    pingpong: bool = True  # the consumers take turns issuing their matrix products
+
+
+@dataclass(frozen=True, slots=True)
 class ArchTable:
     arch: str
     supports_bf16: bool
@@ -74,6 +83,8 @@ class ArchTable:
     prefill: dict[int, PrefillConfig] = field(default_factory=dict)
     # deeper decode pipelines for grids of one wave (splits.deep_splits picks when); only where measured
     decode_deep: dict[int, DecodeConfig] = field(default_factory=dict)
+    # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs
+    prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
 
     def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
         return _fit(self.decode[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -85,6 +96,10 @@ class ArchTable:
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
+
+    def prefill_ws_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsPrefillConfig | None:
+        """The warp-specialized prefill's config, or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        return self.prefill_ws.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
 
 
 def prefill_smem_bytes(c: PrefillConfig, head_dim: int, itemsize: int) -> int:
@@ -135,7 +150,7 @@ def _bucket(head_dim: int) -> int:
     return 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
 
 
-D, P = DecodeConfig, PrefillConfig
+D, P, W = DecodeConfig, PrefillConfig, WsPrefillConfig
 
 TABLES: dict[str, ArchTable] = {
     # FMA dot, 96 KB smem, no async copy: one stage; prefill 64x32 keeps the FMA register tile small.
@@ -182,6 +197,7 @@ TABLES: dict[str, ArchTable] = {
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3, True), 128: P(128, 64, 4, 2, True), 256: P(64, 64, 8, 2, True)},
         decode_deep={128: D(64, 4, 6, 2)},
+        prefill_ws={64: W(128, 3), 128: W(128, 3)},
     ),
 }  # fmt: skip
 

@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.configs import PrefillConfig, check_dtype, table_for
+from kernels.attention import prefill_ws
+from kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtype, table_for
 from kernels.attention.decode import _tanh
 from kernels.device import device_for
 
@@ -306,6 +307,16 @@ def prepare(q, k, v, device, config, out):
     return config or table.prefill_config(q.shape[-1], q.dtype), torch.empty_like(q) if out is None else out
 
 
+def ws_plan(q, k, v, k_cache, causal, window, softcap, device, config) -> WsPrefillConfig | None:
+    """The warp-specialized kernel's config (prefill_ws.py) when it can run this call: an sm_90 table entry for
+    this head_dim and dtype, and a call within its scope. A config passed in (tests running an arch's Triton
+    config) keeps the Triton kernel."""
+    if config is not None or prefill_ws.gluon is None:
+        return None
+    ws = table_for(device or device_for(q)).prefill_ws_config(q.shape[-1], q.dtype)
+    return ws if ws and prefill_ws.supports(q, k, v, k_cache, causal, window, softcap) else None
+
+
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
     sliding_window=None, softcap=0.0, k=None, v=None, *, device=None, config: PrefillConfig | None = None, out=None,
@@ -323,11 +334,16 @@ def paged_prefill_attention(
         raise ValueError("k and v must be [total_q, kv_heads, head_dim], the rows of the chunk's tokens")
     if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32:
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
+    ws = ws_plan(q, k, v, k_cache, causal, sliding_window, softcap, device, config)
     config, out = prepare(q, k_cache, v_cache, device, config, out)
     if k is not None:
         _check_operands(q, k, v)
     if q.shape[0] == 0:
         return out
+    if ws is not None:
+        return prefill_ws.launch(
+            q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal, ws
+        )
     return launch(
         q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
         sliding_window, softcap, config,

@@ -1,15 +1,17 @@
 """Non-causal (or causal) varlen attention over contiguous Q/K/V, for vision encoders.
 
 Each sequence of the packed batch (one image's patches) attends only to itself.
-It runs the prefill kernel of `prefill.py` with contiguous K/V rows (PAGED=False).
+It runs the prefill kernel of `prefill.py` with contiguous K/V rows (PAGED=False), or on sm_90 at head_dim
+64/128 the warp-specialized kernel of `prefill_ws.py`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.attention import prefill_ws
 from kernels.attention.configs import PrefillConfig
-from kernels.attention.prefill import launch, prepare
+from kernels.attention.prefill import launch, prepare, ws_plan
 
 
 def varlen_attention(
@@ -21,9 +23,12 @@ def varlen_attention(
         raise ValueError("q must be [tokens, heads, head_dim] and k, v [tokens, kv_heads, head_dim]")
     if cu_seqlens.dtype != torch.int32:
         raise TypeError("cu_seqlens must be int32")
+    ws = ws_plan(q, k, v, None, causal, None, 0.0, device, config)
     config, out = prepare(q, k, v, device, config, out)
     if q.shape[0] == 0:
         return out
+    if ws is not None:
+        return prefill_ws.launch(q, k, v, None, None, out, cu_seqlens, None, None, scale, max_seqlen, causal, ws)
     return launch(
         q, k, v, None, None, out, cu_seqlens, cu_seqlens, cu_seqlens, scale, max_seqlen, causal, None, 0.0, config
     )

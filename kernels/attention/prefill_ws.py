@@ -1,0 +1,299 @@
+"""Prefill attention for sm_90 in Gluon: warp-specialized, TMA loads, wgmma, two consumer warpgroups.
+
+The Triton kernel of `prefill.py` leaves the overlap of one tile's softmax with the next tile's matrix
+products to a second CTA per SM. This kernel schedules it itself, FlashAttention-3 style:
+
+- One CTA per (128 query rows, sequence, query head). A one-warp loader partition issues every TMA load:
+  the two 64-row query halves once, then K and V tiles of BLOCK_N keys into a ring of STAGES buffers
+  (mbarriers `k_ready`/`v_ready` per stage; `kv_empty` counts both consumers' releases).
+- Two consumer warpgroups, 64 query rows each, run the online softmax. Each issues tile j's QK^T product
+  and tile j-1's PV product back to back (asynchronous wgmma), then computes tile j's softmax while the PV
+  product runs (intra-warpgroup overlap); with PINGPONG they take turns issuing (two mbarriers), so one
+  warpgroup's softmax runs under the other's products.
+- Keys come from two spans. A cached prefix (prefix caching, an earlier chunk) is read from the paged cache:
+  the loader looks up each page of a tile in the block table and issues one TMA box of PAGE rows per page into
+  the tile's rows. The chunk's own keys are contiguous rows of k/v (what the engine just wrote), one TMA box
+  per tile. Rows past a sequence's end are loaded (the next sequence's rows, or zeros) and masked.
+- Registers: consumers get 240 per thread (setmaxnreg), the loader 24; 12 warps, one CTA per SM
+  (shared memory: Q 32 KB + STAGES x 64 KB at head_dim 128).
+
+Scope (`supports` says whether a call fits): sm_90, fp16/bf16, head_dim 64 or 128, causal without a
+sliding window or non-causal, no softcap; pages of 16/32/64 tokens. Everything else runs the Triton kernel.
+Gluon kernels do not run in the interpreter; the tests run them on a GPU only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # triton without Gluon's Hopper ops: the Triton kernel serves every call
+    gluon = None
+
+LOG2E = 1.4426950408889634
+ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
+HEADS_FIRST_MAX_TILES = 128  # launch order, as in prefill.py
+
+
+def supports(q, k, v, k_cache, causal, window, softcap) -> bool:
+    """Whether this kernel can run the call (otherwise the Triton kernel does)."""
+    if gluon is None or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128) or k is None:
+        return False
+    if (causal and window and window > 0) or (softcap and softcap > 0):
+        return False
+    tensors = (q, k, v) if k_cache is None else (q, k, v, k_cache)
+    if k_cache is not None and (k_cache.shape[1] not in (16, 32, 64) or not k_cache.is_contiguous()):
+        return False
+    return all(_tma_ok(t) for t in tensors) and (k_cache is None or _tma_ok(k_cache))
+
+
+def _tma_ok(t) -> bool:
+    """Rows of [..., heads, head_dim] with head_dim and heads contiguous, 16-byte aligned."""
+    item = t.element_size()
+    return (
+        t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] and (t.stride(-3) * item) % 16 == 0 and t.data_ptr() % 16 == 0
+    )
+
+
+if gluon is not None:
+    BLOCK_M = gl.constexpr(ROWS)
+
+    @gluon.jit
+    def _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, BLOCK_N: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr):
+        """(q_start, q_len, prefix, prefix tiles, chunk tiles) of this CTA's sequence and query tile."""
+        q_start = gl.load(cu_q_ptr + b)
+        q_len = gl.load(cu_q_ptr + b + 1) - q_start
+        if PAGED:
+            prefix = gl.load(kv_lens_ptr + b) - q_len
+        else:
+            prefix = q_len * 0
+        if CAUSAL:
+            end = gl.minimum(q_len, (m_blk + 1) * 2 * BLOCK_M)
+        else:
+            end = q_len
+        return q_start, q_len, prefix, gl.cdiv(prefix, BLOCK_N), gl.cdiv(end, BLOCK_N)
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, kc_desc, vc_desc, tables_ptr, stride_tb, q_smem, k_smem, v_smem, bars,
+                cu_q_ptr, kv_lens_ptr, h, kvh, b, m_blk,
+                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr,
+                PAGED: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+        q_ready, k_ready, v_ready, kv_empty, turn = bars
+        q_start, q_len, prefix, n_pre, n_chunk = _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, BLOCK_N, PAGED, CAUSAL)
+        for wg in gl.static_range(2):
+            mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
+            row = q_start + (m_blk * 2 + wg) * BLOCK_M
+            tma.async_copy_global_to_shared(q_desc, [row, h * HEAD_DIM], q_ready.index(wg), q_smem.index(wg))
+        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * q_desc.dtype.primitive_bitwidth // 8
+        last_page = gl.cdiv(prefix, PAGE) - 1
+        for j in range(n_pre + n_chunk):
+            s = j % STAGES
+            mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(s), tile_bytes)
+            mbarrier.expect(v_ready.index(s), tile_bytes)
+            if j < n_pre:  # cached prefix: one box per page; pages past the prefix repeat its last page (masked)
+                for r in gl.static_range(BLOCK_N // PAGE):
+                    idx = gl.minimum(j * (BLOCK_N // PAGE) + r, last_page)
+                    page = gl.load(tables_ptr + b.to(gl.int64) * stride_tb + idx)
+                    coord = [page * PAGE, kvh * HEAD_DIM]
+                    tma.async_copy_global_to_shared(
+                        kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * PAGE, PAGE)
+                    )
+                    tma.async_copy_global_to_shared(
+                        vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * PAGE, PAGE)
+                    )
+            else:  # the chunk's own rows
+                coord = [q_start + (j - n_pre) * BLOCK_N, kvh * HEAD_DIM]
+                tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(s), k_smem.index(s))
+                tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _softmax(sc, j, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout: gl.constexpr,
+                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+        """Mask tile j where needed, then the online-softmax update: (p, alpha, m, l)."""
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        if j < n_pre:
+            if (j + 1) * BLOCK_N > prefix:  # the prefix's last, partial tile
+                sc = gl.where((cols < prefix)[None, :], sc, float("-inf"))
+        elif j - n_pre >= n_full:  # chunk tiles some row of this warpgroup sees only in part
+            cols = cols - n_pre * BLOCK_N  # position within the chunk
+            if CAUSAL:
+                ok = cols[None, :] <= rows[:, None]
+            else:
+                ok = (cols < q_len)[None, :] & (rows >= 0)[:, None]
+            sc = gl.where(ok, sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)
+        p = gl.exp2(sc * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale,
+                  cu_q_ptr, kv_lens_ptr, h, b, m_blk,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGED: gl.constexpr,
+                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+        q_ready, k_ready, v_ready, kv_empty, turn = bars
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        q_start, q_len, prefix, n_pre, n_chunk = _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, BLOCK_N, PAGED, CAUSAL)
+        first_row = (m_blk * 2 + WG) * BLOCK_M  # within the chunk
+        if CAUSAL:
+            n_full = first_row // BLOCK_N  # chunk tiles every row of this warpgroup sees whole
+        else:
+            n_full = q_len // BLOCK_N
+        n = n_pre + n_chunk
+        rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)  # [rows, head_dim]
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(q_ready.index(WG), 0)
+        q = q_smem.index(WG)
+
+        # tile 0: its QK product alone
+        mbarrier.wait(k_ready.index(0), 0)
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), WG ^ 1)
+        sc = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG), count=1)
+        sc = warpgroup_mma_wait(0, deps=(sc,))
+        p, alpha, m_i, l_i = _softmax(sc, 0, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout,
+                                      BLOCK_N, CAUSAL)  # fmt: skip
+        # tile j's QK product and tile j-1's PV product in flight together; tile j's softmax under the PV
+        for j in range(1, n):
+            s = j % STAGES
+            sp = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+            pa = gl.convert_layout(p.to(q.dtype), p_layout)
+            if PINGPONG:
+                mbarrier.wait(turn.index(WG), (j & 1) ^ WG ^ 1)
+            sc = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(pa, v_smem.index(sp), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - WG), count=1)
+            sc = warpgroup_mma_wait(1, deps=(sc,))
+            p, alpha, m_i, l_i = _softmax(sc, j, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout,
+                                          BLOCK_N, CAUSAL)  # fmt: skip
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(sp), count=1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        sl = (n - 1) % STAGES
+        pa = gl.convert_layout(p.to(q.dtype), p_layout)
+        mbarrier.wait(v_ready.index(sl), ((n - 1) // STAGES) & 1)
+        acc = warpgroup_mma(pa, v_smem.index(sl), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(sl), count=1)
+
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        o = acc / l_o[:, None]  # every row sees key 0 (causal) or every key: l >= 1
+        o_rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = out_ptr + ((q_start + o_rows).to(gl.int64) * stride_ot + h * stride_oh)[:, None] + cols[None, :]
+        gl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=(o_rows < q_len)[:, None])  # rows past q_len: not ours
+
+    @gluon.jit
+    def _consumer0(q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
+                   h, b, m_blk, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   PAGED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+        _consumer(0, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
+                  h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)  # fmt: skip
+
+    @gluon.jit
+    def _consumer1(q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
+                   h, b, m_blk, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   PAGED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+        _consumer(1, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
+                  h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)  # fmt: skip
+
+    @gluon.jit
+    def _ws_prefill_kernel(
+        q_desc, k_desc, v_desc, kc_desc, vc_desc, out_ptr, cu_q_ptr, kv_lens_ptr, tables_ptr,
+        stride_ot, stride_oh, stride_tb, qk_scale,
+        GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        PAGE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+        HEADS_FIRST: gl.constexpr,
+    ):  # fmt: skip
+        if HEADS_FIRST:  # every head's tile m before any head's tile m - 1: longest causal tiles first overall
+            h = gl.program_id(0)
+            m_blk = gl.num_programs(2) - 1 - gl.program_id(2)
+        else:  # one head's tiles together, so running CTAs share its K/V in the L2
+            m_blk = gl.num_programs(0) - 1 - gl.program_id(0)
+            h = gl.program_id(2)
+        b = gl.program_id(1)
+        q_len = gl.load(cu_q_ptr + b + 1) - gl.load(cu_q_ptr + b)
+        if m_blk * 2 * BLOCK_M >= q_len:
+            return
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(turn.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a stage
+        bars = (q_ready, k_ready, v_ready, kv_empty, turn)
+        # (the partitions' constexpr arguments must be written in the call: a tuple built beforehand turns them
+        # into tensors)
+        gl.warp_specialize([
+            (_consumer0, (q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
+                          kv_lens_ptr, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)),
+            (_consumer1, (q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
+                          kv_lens_ptr, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)),
+            (_loader, (q_desc, k_desc, v_desc, kc_desc, vc_desc, tables_ptr, stride_tb, q_smem, k_smem, v_smem,
+                       bars, cu_q_ptr, kv_lens_ptr, h, h // GROUP, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGE,
+                       PAGED, CAUSAL)),
+        ], [4, 1], [240, 24])  # fmt: skip
+
+
+def _descriptor(t, block_rows, layout):
+    """[tokens, heads * head_dim] view of rows [..., heads, head_dim] (a cache's blocks and pages flattened)."""
+    head_dim, heads = t.shape[-1], t.shape[-2]
+    tokens = t.numel() // (heads * head_dim) if t.dim() == 4 else t.shape[0]
+    return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(-3), 1], [block_rows, head_dim], layout)
+
+
+def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, config):
+    """Run the kernel (`supports` must hold). k/v: the chunk's rows; k_cache/v_cache: the paged caches holding
+    each sequence's cached prefix, or None (varlen: no prefix)."""
+    batch = cu_q.shape[0] - 1
+    q_heads, head_dim = q.shape[1], q.shape[2]
+    gl_dtype = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    q_layout = gl.NVMMASharedLayout.get_default_for([ROWS, head_dim], gl_dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], gl_dtype)
+    paged = k_cache is not None
+    k_desc, v_desc = _descriptor(k, config.block_n, kv_layout), _descriptor(v, config.block_n, kv_layout)
+    page = k_cache.shape[1] if paged else 16
+    # a page's box lands in a slice of the tile's buffer, so it takes the tile's layout
+    kc_desc, vc_desc = (_descriptor(c, page, kv_layout) for c in (k_cache, v_cache)) if paged else (k_desc, v_desc)
+    m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), 2 * ROWS)
+    heads_first = m_blocks * batch <= HEADS_FIRST_MAX_TILES
+    grid = (q_heads, batch, m_blocks) if heads_first else (m_blocks, batch, q_heads)
+    _ws_prefill_kernel[grid](
+        _descriptor(q, ROWS, q_layout), k_desc, v_desc, kc_desc, vc_desc, out, cu_q, kv_lens if paged else cu_q,
+        tables if paged else cu_q, out.stride(0), out.stride(1), tables.stride(0) if paged else 0, scale * LOG2E,
+        GROUP=q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
+        PAGE=page, PAGED=paged, CAUSAL=bool(causal), PINGPONG=config.pingpong, HEADS_FIRST=heads_first,
+        num_warps=4, maxnreg=168,  # 12 warps x 32 x 168 = all 64K registers; setmaxnreg: 240 / 240 / 24
+    )  # fmt: skip
+    return out

@@ -1,0 +1,105 @@
+"""The warp-specialized sm_90 prefill (Gluon) against the float64 torch reference, and when it is chosen.
+
+The kernel runs on an sm_90 GPU only (Gluon has no interpreter); its choice (`prefill.ws_plan`) is checked
+everywhere."""
+
+import pytest
+import torch
+
+from kernels.attention import prefill, prefill_ws, reference, varlen
+from kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
+from tests.kernels.attention_helpers import DEV, assert_close, make_paged, poisoned_like
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and prefill_ws.gluon is not None
+needs_sm90 = pytest.mark.skipif(not SM90, reason="the Gluon kernel needs an sm_90 GPU")
+
+
+def test_only_sm90_has_a_warp_specialized_config():
+    for arch, table in TABLES.items():
+        for head_dim in (64, 80, 128, 256):
+            for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                config = table.prefill_ws_config(head_dim, dtype)
+                expected = arch == "sm_90" and head_dim in (64, 128) and dtype != torch.float32
+                assert (config is not None) == expected, (arch, head_dim, dtype)
+                assert config is None or isinstance(config, WsPrefillConfig)
+
+
+def test_ws_plan_keeps_triton_outside_the_kernels_scope():
+    q = torch.zeros(8, 4, 128, dtype=torch.float16, device=DEV)
+    k = torch.zeros(8, 2, 128, dtype=torch.float16, device=DEV)
+    cache = torch.zeros(4, 16, 2, 128, dtype=torch.float16, device=DEV)
+    args = (q, k, k, cache)
+    # a config passed in asks for the Triton kernel; window and softcap are outside the Gluon kernel
+    assert prefill.ws_plan(*args, True, None, 0.0, None, PrefillConfig(64, 64, 4, 2)) is None
+    assert prefill.ws_plan(*args, True, 128, 0.0, None, None) is None
+    assert prefill.ws_plan(*args, True, None, 30.0, None, None) is None
+    assert prefill.ws_plan(q, None, None, cache, True, None, 0.0, None, None) is None  # no chunk rows to TMA
+    assert prefill.ws_plan(q.float(), k.float(), k.float(), cache.float(), True, None, 0.0, None, None) is None
+    odd = torch.zeros(8, 4, 80, dtype=torch.float16, device=DEV)
+    assert prefill.ws_plan(odd, odd[:, :2], odd[:, :2], None, False, None, 0.0, None, None) is None
+    strided = torch.zeros(8, 4, 160, dtype=torch.float16, device=DEV)[:, :, :128]  # heads not adjacent
+    assert prefill.ws_plan(strided, k, k, cache, True, None, 0.0, None, None) is None
+    assert (prefill.ws_plan(*args, True, None, 0.0, None, None) is not None) == SM90
+
+
+def _rows(cache, tables, pairs):
+    return torch.cat(
+        [reference._gather_paged(cache, tables[i], kv)[kv - n :] for i, (kv, n) in enumerate(pairs)]
+    ).contiguous()
+
+
+# (kv_len, new tokens) per sequence: fresh ones of every length class around the 64-row warpgroup and 128-key
+# tile, chunks after prefixes that end mid-page, mid-tile, on a tile edge, and one-token rows after a prefix
+PAIRS = [(1, 1), (63, 63), (129, 129), (700, 700), (2100, 1000), (300, 1), (128 + 77, 77), (256 + 128, 128)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_paged_prefill_matches_reference(page, group, head_dim, dtype):
+    torch.manual_seed(0)
+    kv_heads = 2
+    lens, new = [kv for kv, _ in PAIRS], [n for _, n in PAIRS]
+    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    cu = torch.tensor([0] + new, device=DEV).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
+    k, v = _rows(k_cache, tables, PAIRS), _rows(v_cache, tables, PAIRS)
+    args = (tables, cu, seq_lens, head_dim**-0.5, max(new), True, None, 0.0)
+    assert prefill.ws_plan(q, k, v, k_cache, True, None, 0.0, None, None) is not None
+    out = poisoned_like(q)
+    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
+    ref = reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
+    assert_close(out, ref, dtype)
+
+
+@needs_sm90
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_matches_reference(head_dim, causal):
+    torch.manual_seed(0)
+    lens = [1, 64, 65, 257, 1024, 4096]  # one image (or text sequence) each
+    cu = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(lens), 8, head_dim, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(sum(lens), 8, head_dim, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(sum(lens), 8, head_dim, device=DEV, dtype=torch.bfloat16)
+    assert prefill.ws_plan(q, k, v, None, causal, None, 0.0, None, None) is not None
+    out = poisoned_like(q)
+    varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, out=out)
+    ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
+    assert_close(out, ref, torch.bfloat16)
+
+
+@needs_sm90
+def test_strided_query_view_from_a_fused_projection():
+    """q/k/v as views of one [tokens, (heads + 2 kv_heads) * head_dim] projection, as a fused QKV layer gives."""
+    torch.manual_seed(0)
+    tokens, heads, kv_heads, head_dim = 999, 8, 2, 128
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, device=DEV, dtype=torch.float16)
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    cu = torch.tensor([0, 400, tokens], dtype=torch.int32, device=DEV)
+    assert prefill.ws_plan(q, k, v, None, True, None, 0.0, None, None) is not None
+    out = varlen.varlen_attention(q, k, v, cu, 599, head_dim**-0.5, True)
+    ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, 599, head_dim**-0.5, True)
+    assert_close(out, ref, torch.float16)
