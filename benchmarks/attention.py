@@ -9,8 +9,8 @@ for each of the arch's decode configs, timed as CUDA-graph replays of at least 1
 copies to defeat the L2 (>= 256 MB per replay), against SDPA on contiguous KV and the device-to-device
 copy bandwidth measured in the same run. Prefill: causal, heads 32/8, head_dim 128,
 TFLOP/s against SDPA (K/V expanded to 32 heads) for fresh sequences, on the engine's
-path (the chunk's own K/V rows) and with every key from the pages; plus chunks after
-a cached prefix. The decode grid takes ~4 minutes on an H200 (Triton cache warm).
+path (the chunk's own K/V rows; the dispatch's kernel and the Triton kernel) and with every
+key from the pages; plus chunks after a cached prefix. The decode grid takes ~4 minutes on an H200 (Triton cache warm).
 Writes attention_<device>.json and .md under --out and prints the tables.
 """
 
@@ -235,15 +235,22 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     def time_ms(fn):
         return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
-    def ours():
+    triton_config = config or table_for(device).prefill_config(head_dim, dtype)
+
+    def ours():  # what the engine runs: the dispatch's choice (the warp-specialized kernel where it applies)
         return prefill.paged_prefill_attention(*args, k=k_rows, v=v_rows, config=config)
 
-    def pages():
-        return prefill.paged_prefill_attention(*args, config=config)
+    def triton_rows():  # the Triton kernel on the same path
+        return prefill.paged_prefill_attention(*args, k=k_rows, v=v_rows, config=triton_config)
 
-    row = {"batch": batch, "length": length, "prefix": prefix}
-    row["ours_ms"], row["pages_ms"] = time_ms(ours), time_ms(pages)
-    row["ours_tflops"], row["pages_tflops"] = flops / row["ours_ms"] / 1e9, flops / row["pages_ms"] / 1e9
+    def pages():
+        return prefill.paged_prefill_attention(*args, config=triton_config)
+
+    ws = prefill.ws_plan(q, k_rows, v_rows, k_cache, True, None, 0.0, device, config)
+    row = {"batch": batch, "length": length, "prefix": prefix, "kernel": "gluon-ws" if ws else "triton"}
+    row["ours_ms"], row["triton_ms"], row["pages_ms"] = time_ms(ours), time_ms(triton_rows), time_ms(pages)
+    for name in ("ours", "triton", "pages"):
+        row[f"{name}_tflops"] = flops / row[f"{name}_ms"] / 1e9
     mine = ours()
     row["rows_vs_pages_max_diff"] = float((mine.float() - pages().float()).abs().max())
     if prefix == 0:  # SDPA: K/V contiguous [batch, heads, L, d], expanded to the query heads
@@ -288,7 +295,7 @@ def markdown(res):
         f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
         f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
         f"Decode config {res['decode_config']} (deep, for one-wave grids: {res.get('decode_deep_config')}); "
-        f"prefill config {res['prefill_config']}.", "",
+        f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
         "| dtype | heads | B | L | KV MB | heuristic (blk/warps/stages, splits) | ours us | best fixed us | SDPA us "
         "| speedup vs SDPA | ours BW frac | SDPA BW frac |",
@@ -303,17 +310,18 @@ def markdown(res):
         )
     lines += [
         "", "## Prefill (causal, heads 32/8, head_dim 128, paged block 16)", "",
-        "ours: the engine's path (the chunk's keys from its own K/V rows, a cached prefix from the pages); "
-        "pages: every key gathered through the block table.", "",
-        "| dtype | B | L | cached prefix | ours TFLOP/s | pages TFLOP/s | SDPA TFLOP/s | ours / SDPA "
-        "| rel err vs SDPA |", "|---|---|---|---|---|---|---|---|---|",
+        "ours: the engine's path (the chunk's keys from its own K/V rows, a cached prefix from the pages) on the "
+        "kernel the dispatch picks; Triton: the Triton kernel on that path; pages: the Triton kernel gathering "
+        "every key through the block table.", "",
+        "| dtype | B | L | cached prefix | kernel | ours TFLOP/s | Triton TFLOP/s | pages TFLOP/s | SDPA TFLOP/s "
+        "| ours / SDPA | rel err vs SDPA |", "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in res["prefill"]:
         sdpa = r.get("sdpa_tflops")
         vs = (f"{sdpa:.0f}", f"{r['ours_tflops'] / sdpa:.2f}", f"{r['rel_err_vs_sdpa']:.1e}") if sdpa else ("-",) * 3
         lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['length']} | {r['prefix']} | {r['ours_tflops']:.0f} | "
-            f"{r['pages_tflops']:.0f} | {' | '.join(vs)} |"
+            f"| {r['dtype']} | {r['batch']} | {r['length']} | {r['prefix']} | {r['kernel']} | {r['ours_tflops']:.0f} | "
+            f"{r['triton_tflops']:.0f} | {r['pages_tflops']:.0f} | {' | '.join(vs)} |"
         )
     lines += ["", "## Targets", ""]
     for name, t in res["targets"].items():
@@ -349,7 +357,8 @@ def main():
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "decode_config": str(table_for(device).decode_config(128)),
            "decode_deep_config": str(table_for(device).decode_deep_config(128)),
-           "prefill_config": str(table_for(device).prefill_config(128))}  # fmt: skip
+           "prefill_config": str(table_for(device).prefill_config(128)),
+           "prefill_ws_config": str(table_for(device).prefill_ws_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
     if args.tune and not args.prefill_only:
@@ -382,8 +391,9 @@ def main():
             res["prefill"].append(r)
             torch.cuda.empty_cache()
             print(
-                f"prefill {r['dtype']} B={batch} L={length} prefix={prefix}: ours {r['ours_tflops']:.0f} pages "
-                f"{r['pages_tflops']:.0f} sdpa {r.get('sdpa_tflops', 0):.0f} TFLOP/s",
+                f"prefill {r['dtype']} B={batch} L={length} prefix={prefix}: ours ({r['kernel']}) "
+                f"{r['ours_tflops']:.0f} triton {r['triton_tflops']:.0f} pages {r['pages_tflops']:.0f} "
+                f"sdpa {r.get('sdpa_tflops', 0):.0f} TFLOP/s",
                 flush=True,
             )
     res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])

@@ -39,3 +39,24 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
 
 def _name(row):
     return f"{row['dtype']} {row['q_heads']}/{row['kv_heads']} B={row['batch']} L={row['ctx']}"
+
+
+def _prefill_row(ours, sdpa=None, prefix=0):
+    row = {"dtype": "bfloat16", "batch": 4, "length": 4096, "prefix": prefix, "kernel": "gluon-ws",
+           "ours_tflops": ours, "triton_tflops": 430.0, "pages_tflops": 280.0}  # fmt: skip
+    return row if sdpa is None else {**row, "sdpa_tflops": sdpa, "rel_err_vs_sdpa": 1e-3}
+
+
+def test_prefill_rows_name_the_kernel_and_judge_fresh_rows_only():
+    rows = [_prefill_row(507.0, 533.0), _prefill_row(470.0, 533.0), _prefill_row(500.0, prefix=4096)]
+    t = targets([], rows, 4000.0)
+    assert t["prefill_0.9x_sdpa"] == {"met": False, "missed": ["bfloat16 B=4 L=4096"], "cases": 2}
+    res = {
+        "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
+        "decode_config": "D", "decode_deep_config": "DD", "prefill_config": "P", "prefill_ws_config": "W",
+        "decode": [], "prefill": rows, "targets": t,
+    }  # fmt: skip
+    text = markdown(res)
+    assert "| bfloat16 | 4 | 4096 | 0 | gluon-ws | 507 | 430 | 280 | 533 | 0.95 | 1.0e-03 |" in text
+    assert "| bfloat16 | 4 | 4096 | 4096 | gluon-ws | 500 | 430 | 280 | - | - | - |" in text
+    assert "(warp-specialized: W)" in text
