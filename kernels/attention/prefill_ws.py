@@ -27,12 +27,25 @@ from __future__ import annotations
 import torch
 import triton
 
+# Triton 3.5's Gluon warp_specialize takes another signature; this kernel compiles for sm_90 with 3.6 and 3.8 (and
+# ran on the H200 with 3.6)
+GLUON_MIN = (3, 6)
+
+
+def gluon_usable(version: str) -> bool:
+    """Whether a Triton of this version compiles this kernel."""
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
+    return (major, minor) >= GLUON_MIN
+
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # triton without Gluon's Hopper ops: the Triton kernel serves every call
+    gluon = None
+if not gluon_usable(triton.__version__):
     gluon = None
 
 LOG2E = 1.4426950408889634
@@ -48,10 +61,9 @@ def supports(q, k, v, k_cache, causal, window, softcap) -> bool:
         return False
     if (causal and window and window > 0) or (softcap and softcap > 0):
         return False
-    tensors = (q, k, v) if k_cache is None else (q, k, v, k_cache)
     if k_cache is not None and (k_cache.shape[1] not in (16, 32, 64) or not k_cache.is_contiguous()):
         return False
-    return all(_tma_ok(t) for t in tensors) and (k_cache is None or _tma_ok(k_cache))
+    return all(_tma_ok(t) for t in ((q, k, v) if k_cache is None else (q, k, v, k_cache)))
 
 
 def _tma_ok(t) -> bool:

@@ -24,6 +24,16 @@ def test_only_sm90_has_a_warp_specialized_config():
                 assert config is None or isinstance(config, WsPrefillConfig)
 
 
+def test_gluon_needs_triton_3_6():
+    assert not prefill_ws.gluon_usable("3.5.0")
+    assert (
+        prefill_ws.gluon_usable("3.6.0")
+        and prefill_ws.gluon_usable("3.8.0+git1a2b3c")
+        and prefill_ws.gluon_usable("4.0")
+    )
+    assert not prefill_ws.gluon_usable("2.3.1")
+
+
 def test_ws_plan_keeps_triton_outside_the_kernels_scope():
     q = torch.zeros(8, 4, 128, dtype=torch.float16, device=DEV)
     k = torch.zeros(8, 2, 128, dtype=torch.float16, device=DEV)
