@@ -6,6 +6,7 @@ import torch
 from kernels import dispatch
 from kernels.ops import gelu_tanh_and_mul, silu_and_mul
 from kernels.ops.activation import GELU_TANH, SILU, gelu_tanh_and_mul_reference, silu_and_mul_reference
+from tests.kernels.attention_helpers import DEV
 
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 OPS = {"silu": (SILU, silu_and_mul_reference), "gelu_tanh": (GELU_TANH, gelu_tanh_and_mul_reference)}
@@ -16,7 +17,7 @@ OPS = {"silu": (SILU, silu_and_mul_reference), "gelu_tanh": (GELU_TANH, gelu_tan
 @pytest.mark.parametrize("act", list(OPS))
 def test_triton_matches_reference(dtype, inter, act):
     name, reference = OPS[act]
-    x = (torch.randn(3, 2 * inter) * 4).to(dtype)  # wide range: tanh saturates, silu's exp overflows
+    x = (torch.randn(3, 2 * inter, device=DEV) * 4).to(dtype)  # wide range: tanh saturates, silu's exp overflows
     got = dispatch.get_impl(name, dtype, backend="triton")(x)
     want = reference(x.float())
     torch.testing.assert_close(got.float(), want, rtol=TOLS[dtype], atol=TOLS[dtype])

@@ -6,6 +6,7 @@ import torch
 from kernels import dispatch, settings
 from kernels.ops import rms_norm
 from kernels.ops.rms_norm import OP, rms_norm_reference
+from tests.kernels.attention_helpers import DEV
 
 # (dtype, tolerance): fp32 kernels agree to rounding; half precision within a few ulps of the output
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -16,9 +17,9 @@ TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
 def test_triton_matches_reference(dtype, hidden, residual, offset):
-    x = torch.randn(5, hidden).to(dtype)
-    w = (torch.rand(hidden) + 0.5).to(dtype)
-    res = torch.randn(5, hidden).to(dtype) if residual else None
+    x = torch.randn(5, hidden, device=DEV).to(dtype)
+    w = (torch.rand(hidden, device=DEV) + 0.5).to(dtype)
+    res = torch.randn(5, hidden, device=DEV).to(dtype) if residual else None
     triton_impl = dispatch.get_impl(OP, dtype, backend="triton")
     got = triton_impl(x, w, 1e-6, res, offset)
     want = rms_norm_reference(x, w, 1e-6, res, offset)
@@ -30,8 +31,8 @@ def test_triton_matches_reference(dtype, hidden, residual, offset):
 
 
 def test_triton_handles_strided_rows():
-    x = torch.randn(4, 128)[:, :64]  # row stride 128
-    w = torch.rand(64)
+    x = torch.randn(4, 128, device=DEV)[:, :64]  # row stride 128
+    w = torch.rand(64, device=DEV)
     got = dispatch.get_impl(OP, torch.float32, backend="triton")(x, w, 1e-5)
     torch.testing.assert_close(got, rms_norm_reference(x, w, 1e-5), rtol=1e-5, atol=1e-5)
 
@@ -52,7 +53,7 @@ def test_reference_matches_transformers(dtype):
 
 
 def test_public_function_dispatches_to_forced_backend():
-    x, w = torch.randn(2, 16), torch.rand(16)
+    x, w = torch.randn(2, 16, device=DEV), torch.rand(16, device=DEV)
     try:
         settings.set_backend("triton")
         assert dispatch.choose(OP, torch.float32) == "triton"

@@ -6,6 +6,7 @@ import torch
 from kernels import dispatch
 from kernels.ops import apply_rotary
 from kernels.ops.rotary import OP, apply_rotary_reference
+from tests.kernels.attention_helpers import DEV
 
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -21,10 +22,10 @@ def _cache(max_pos, rot, base=10000.0):
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 def test_triton_matches_reference(dtype, head_dim, rot, is_neox):
     tokens = 7
-    q = torch.randn(tokens, 5, head_dim).to(dtype)
-    k = torch.randn(tokens, 2, head_dim).to(dtype)
-    positions = torch.randint(0, 64, (tokens,))
-    cache = _cache(64, rot)
+    q = torch.randn(tokens, 5, head_dim, device=DEV).to(dtype)
+    k = torch.randn(tokens, 2, head_dim, device=DEV).to(dtype)
+    positions = torch.randint(0, 64, (tokens,), device=DEV)
+    cache = _cache(64, rot).to(DEV)
     got_q, got_k = dispatch.get_impl(OP, dtype, backend="triton")(q, k, positions, cache, rot, is_neox)
     want_q, want_k = apply_rotary_reference(q.float(), k.float(), positions, cache, rot, is_neox)
     torch.testing.assert_close(got_q.float(), want_q, rtol=TOLS[dtype], atol=TOLS[dtype])
@@ -33,11 +34,11 @@ def test_triton_matches_reference(dtype, head_dim, rot, is_neox):
 
 
 def test_triton_reads_strided_views_of_a_fused_qkv():
-    qkv = torch.randn(6, (4 + 2 + 2) * 16)
+    qkv = torch.randn(6, (4 + 2 + 2) * 16, device=DEV)
     q = qkv[:, : 4 * 16].view(6, 4, 16)
     k = qkv[:, 4 * 16 : 6 * 16].view(6, 2, 16)
-    positions = torch.arange(6) + 3
-    cache = _cache(16, 16)
+    positions = torch.arange(6, device=DEV) + 3
+    cache = _cache(16, 16).to(DEV)
     got = dispatch.get_impl(OP, torch.float32, backend="triton")(q, k, positions, cache)
     want = apply_rotary_reference(q, k, positions, cache)
     for g, w in zip(got, want, strict=True):
