@@ -246,7 +246,7 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     def pages():
         return prefill.paged_prefill_attention(*args, config=triton_config)
 
-    ws = prefill.ws_plan(q, k_rows, v_rows, k_cache, True, None, 0.0, device, config)
+    ws = prefill.ws_plan(q, k_rows, v_rows, k_cache, v_cache, True, None, 0.0, device, config)
     row = {"batch": batch, "length": length, "prefix": prefix, "kernel": "gluon-ws" if ws else "triton"}
     row["ours_ms"], row["triton_ms"], row["pages_ms"] = time_ms(ours), time_ms(triton_rows), time_ms(pages)
     for name in ("ours", "triton", "pages"):

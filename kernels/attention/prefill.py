@@ -10,7 +10,8 @@ is gathered from the paged cache through the block table. When the caller also p
 the chunk's own K/V rows (the tensors it just wrote to the cache), the chunk's keys are
 read from those contiguous rows instead: on sm_90 through TMA tensor descriptors, which
 a per-token page gather cannot use. A fresh prefill then never touches the page table.
-The same kernel serves `varlen.py` (contiguous K/V only, no cache).
+The same kernel serves `varlen.py` (contiguous K/V only, no cache). On sm_90, calls within its scope
+(`ws_plan`) run the warp-specialized Gluon kernel of `prefill_ws.py` instead.
 
 Each source's key range is split in three loops: a masked head (sliding-window edge), an
 unmasked middle (keys every row sees), a masked tail (the causal diagonal, or the end of
@@ -307,14 +308,14 @@ def prepare(q, k, v, device, config, out):
     return config or table.prefill_config(q.shape[-1], q.dtype), torch.empty_like(q) if out is None else out
 
 
-def ws_plan(q, k, v, k_cache, causal, window, softcap, device, config) -> WsPrefillConfig | None:
+def ws_plan(q, k, v, k_cache, v_cache, causal, window, softcap, device, config) -> WsPrefillConfig | None:
     """The warp-specialized kernel's config (prefill_ws.py) when it can run this call: an sm_90 table entry for
     this head_dim and dtype, and a call within its scope. A config passed in (tests running an arch's Triton
     config) keeps the Triton kernel."""
     if config is not None or prefill_ws.gluon is None:
         return None
     ws = table_for(device or device_for(q)).prefill_ws_config(q.shape[-1], q.dtype)
-    return ws if ws and prefill_ws.supports(q, k, v, k_cache, causal, window, softcap) else None
+    return ws if ws and prefill_ws.supports(q, k, v, k_cache, v_cache, causal, window, softcap) else None
 
 
 def paged_prefill_attention(
@@ -334,7 +335,7 @@ def paged_prefill_attention(
         raise ValueError("k and v must be [total_q, kv_heads, head_dim], the rows of the chunk's tokens")
     if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32:
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
-    ws = ws_plan(q, k, v, k_cache, causal, sliding_window, softcap, device, config)
+    ws = ws_plan(q, k, v, k_cache, v_cache, causal, sliding_window, softcap, device, config)
     config, out = prepare(q, k_cache, v_cache, device, config, out)
     if k is not None:
         _check_operands(q, k, v)

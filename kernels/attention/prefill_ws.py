@@ -53,7 +53,7 @@ ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 HEADS_FIRST_MAX_TILES = 128  # launch order, as in prefill.py
 
 
-def supports(q, k, v, k_cache, causal, window, softcap) -> bool:
+def supports(q, k, v, k_cache, v_cache, causal, window, softcap) -> bool:
     """Whether this kernel can run the call (otherwise the Triton kernel does)."""
     if gluon is None or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
@@ -61,9 +61,10 @@ def supports(q, k, v, k_cache, causal, window, softcap) -> bool:
         return False
     if (causal and window and window > 0) or (softcap and softcap > 0):
         return False
-    if k_cache is not None and (k_cache.shape[1] not in (16, 32, 64) or not k_cache.is_contiguous()):
+    caches = () if k_cache is None else (k_cache, v_cache)
+    if any(c.shape[1] not in (16, 32, 64) or not c.is_contiguous() for c in caches):  # pages flattened to rows
         return False
-    return all(_tma_ok(t) for t in ((q, k, v) if k_cache is None else (q, k, v, k_cache)))
+    return all(_tma_ok(t) for t in (q, k, v, *caches))
 
 
 def _tma_ok(t) -> bool:
@@ -218,20 +219,6 @@ if gluon is not None:
         gl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=(o_rows < q_len)[:, None])  # rows past q_len: not ours
 
     @gluon.jit
-    def _consumer0(q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
-                   h, b, m_blk, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   PAGED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-        _consumer(0, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
-                  h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)  # fmt: skip
-
-    @gluon.jit
-    def _consumer1(q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
-                   h, b, m_blk, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   PAGED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-        _consumer(1, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr, kv_lens_ptr,
-                  h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)  # fmt: skip
-
-    @gluon.jit
     def _ws_prefill_kernel(
         q_desc, k_desc, v_desc, kc_desc, vc_desc, out_ptr, cu_q_ptr, kv_lens_ptr, tables_ptr,
         stride_ot, stride_oh, stride_tb, qk_scale,
@@ -268,9 +255,9 @@ if gluon is not None:
         # (the partitions' constexpr arguments must be written in the call: a tuple built beforehand turns them
         # into tensors)
         gl.warp_specialize([
-            (_consumer0, (q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
+            (_consumer, (0, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
                           kv_lens_ptr, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)),
-            (_consumer1, (q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
+            (_consumer, (1, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
                           kv_lens_ptr, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)),
             (_loader, (q_desc, k_desc, v_desc, kc_desc, vc_desc, tables_ptr, stride_tb, q_smem, k_smem, v_smem,
                        bars, cu_q_ptr, kv_lens_ptr, h, h // GROUP, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGE,

@@ -23,7 +23,7 @@ def varlen_attention(
         raise ValueError("q must be [tokens, heads, head_dim] and k, v [tokens, kv_heads, head_dim]")
     if cu_seqlens.dtype != torch.int32:
         raise TypeError("cu_seqlens must be int32")
-    ws = ws_plan(q, k, v, None, causal, None, 0.0, device, config)
+    ws = ws_plan(q, k, v, None, None, causal, None, 0.0, device, config)
     config, out = prepare(q, k, v, device, config, out)
     if q.shape[0] == 0:
         return out

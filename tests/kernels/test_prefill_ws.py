@@ -38,17 +38,22 @@ def test_ws_plan_keeps_triton_outside_the_kernels_scope():
     q = torch.zeros(8, 4, 128, dtype=torch.float16, device=DEV)
     k = torch.zeros(8, 2, 128, dtype=torch.float16, device=DEV)
     cache = torch.zeros(4, 16, 2, 128, dtype=torch.float16, device=DEV)
-    args = (q, k, k, cache)
+    args = (q, k, k, cache, cache)
     # a config passed in asks for the Triton kernel; window and softcap are outside the Gluon kernel
     assert prefill.ws_plan(*args, True, None, 0.0, None, PrefillConfig(64, 64, 4, 2)) is None
     assert prefill.ws_plan(*args, True, 128, 0.0, None, None) is None
     assert prefill.ws_plan(*args, True, None, 30.0, None, None) is None
-    assert prefill.ws_plan(q, None, None, cache, True, None, 0.0, None, None) is None  # no chunk rows to TMA
-    assert prefill.ws_plan(q.float(), k.float(), k.float(), cache.float(), True, None, 0.0, None, None) is None
+    assert prefill.ws_plan(q, None, None, cache, cache, True, None, 0.0, None, None) is None  # no chunk rows to TMA
+    assert (
+        prefill.ws_plan(q.float(), k.float(), k.float(), cache.float(), cache.float(), True, None, 0.0, None, None)
+        is None
+    )
     odd = torch.zeros(8, 4, 80, dtype=torch.float16, device=DEV)
-    assert prefill.ws_plan(odd, odd[:, :2], odd[:, :2], None, False, None, 0.0, None, None) is None
+    assert prefill.ws_plan(odd, odd[:, :2], odd[:, :2], None, None, False, None, 0.0, None, None) is None
     strided = torch.zeros(8, 4, 160, dtype=torch.float16, device=DEV)[:, :, :128]  # heads not adjacent
-    assert prefill.ws_plan(strided, k, k, cache, True, None, 0.0, None, None) is None
+    assert prefill.ws_plan(strided, k, k, cache, cache, True, None, 0.0, None, None) is None
+    strided_v = torch.zeros(4, 16, 2, 256, dtype=torch.float16, device=DEV)[..., :128]  # v pages not contiguous
+    assert prefill.ws_plan(q, k, k, cache, strided_v, True, None, 0.0, None, None) is None
     assert (prefill.ws_plan(*args, True, None, 0.0, None, None) is not None) == SM90
 
 
@@ -77,7 +82,7 @@ def test_paged_prefill_matches_reference(page, group, head_dim, dtype):
     q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
     k, v = _rows(k_cache, tables, PAIRS), _rows(v_cache, tables, PAIRS)
     args = (tables, cu, seq_lens, head_dim**-0.5, max(new), True, None, 0.0)
-    assert prefill.ws_plan(q, k, v, k_cache, True, None, 0.0, None, None) is not None
+    assert prefill.ws_plan(q, k, v, k_cache, v_cache, True, None, 0.0, None, None) is not None
     out = poisoned_like(q)
     prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
     ref = reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
@@ -94,7 +99,7 @@ def test_varlen_matches_reference(head_dim, causal):
     q = torch.randn(sum(lens), 8, head_dim, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(sum(lens), 8, head_dim, device=DEV, dtype=torch.bfloat16)
     v = torch.randn(sum(lens), 8, head_dim, device=DEV, dtype=torch.bfloat16)
-    assert prefill.ws_plan(q, k, v, None, causal, None, 0.0, None, None) is not None
+    assert prefill.ws_plan(q, k, v, None, None, causal, None, 0.0, None, None) is not None
     out = poisoned_like(q)
     varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, out=out)
     ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
@@ -109,7 +114,7 @@ def test_strided_query_view_from_a_fused_projection():
     qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, device=DEV, dtype=torch.float16)
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
     cu = torch.tensor([0, 400, tokens], dtype=torch.int32, device=DEV)
-    assert prefill.ws_plan(q, k, v, None, True, None, 0.0, None, None) is not None
+    assert prefill.ws_plan(q, k, v, None, None, True, None, 0.0, None, None) is not None
     out = varlen.varlen_attention(q, k, v, cu, 599, head_dim**-0.5, True)
     ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, 599, head_dim**-0.5, True)
     assert_close(out, ref, torch.float16)
