@@ -83,8 +83,9 @@ class ArchTable:
     prefill: dict[int, PrefillConfig] = field(default_factory=dict)
     # deeper decode pipelines for grids of one wave (splits.deep_splits picks when); only where measured
     decode_deep: dict[int, DecodeConfig] = field(default_factory=dict)
-    # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs
+    # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs; with a sliding window
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
+    prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
 
     def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
         return _fit(self.decode[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -97,9 +98,13 @@ class ArchTable:
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
 
-    def prefill_ws_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsPrefillConfig | None:
+    def prefill_ws_config(
+        self, head_dim: int, dtype: torch.dtype = torch.float16, window: bool = False
+    ) -> WsPrefillConfig | None:
         """The warp-specialized prefill's config, or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
-        return self.prefill_ws.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
+        if dtype not in (torch.float16, torch.bfloat16):
+            return None
+        return (self.prefill_ws_window if window else self.prefill_ws).get(head_dim)
 
 
 def prefill_smem_bytes(c: PrefillConfig, head_dim: int, itemsize: int) -> int:
@@ -197,7 +202,11 @@ TABLES: dict[str, ArchTable] = {
         decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3, True), 128: P(128, 64, 4, 2, True), 256: P(64, 64, 8, 2, True)},
         decode_deep={128: D(64, 4, 6, 2)},
+        # warp-specialized prefill (prefill_ws.py): 128-key tiles in a 3-stage ring (225 KB at head_dim 128; 2
+        # stages were 6-22% slower on the H200). With a sliding window, head_dim 128 takes 64-key tiles: the
+        # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6).
         prefill_ws={64: W(128, 3), 128: W(128, 3)},
+        prefill_ws_window={64: W(128, 3), 128: W(64, 4)},
     ),
 }  # fmt: skip
 

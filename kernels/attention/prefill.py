@@ -314,7 +314,8 @@ def ws_plan(q, k, v, k_cache, v_cache, causal, window, softcap, device, config) 
     config) keeps the Triton kernel."""
     if config is not None or prefill_ws.gluon is None:
         return None
-    ws = table_for(device or device_for(q)).prefill_ws_config(q.shape[-1], q.dtype)
+    windowed = bool(causal and window and window > 0)
+    ws = table_for(device or device_for(q)).prefill_ws_config(q.shape[-1], q.dtype, windowed)
     return ws if ws and prefill_ws.supports(q, k, v, k_cache, v_cache, causal, window, softcap) else None
 
 
@@ -343,7 +344,20 @@ def paged_prefill_attention(
         return out
     if ws is not None:
         return prefill_ws.launch(
-            q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal, ws
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            out,
+            cu_seqlens_q,
+            seq_lens,
+            block_tables,
+            scale,
+            max_seqlen_q,
+            causal,
+            sliding_window,
+            ws,
         )
     return launch(
         q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,

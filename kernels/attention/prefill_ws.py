@@ -17,8 +17,9 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
 - Registers: consumers get 240 per thread (setmaxnreg), the loader 24; 12 warps, one CTA per SM
   (shared memory: Q 32 KB + STAGES x 64 KB at head_dim 128).
 
-Scope (`supports` says whether a call fits): sm_90, fp16/bf16, head_dim 64 or 128, causal without a
-sliding window or non-causal, no softcap; pages of 16/32/64 tokens. Everything else runs the Triton kernel.
+Scope (`supports` says whether a call fits): sm_90, fp16/bf16, head_dim 64 or 128, causal (with or without a
+sliding window) or non-causal, no softcap; pages of 16/32/64 tokens. With a window, a CTA skips the key tiles
+left of its rows' windows and masks the tiles on the window's edge. Everything else runs the Triton kernel.
 Gluon kernels do not run in the interpreter; the tests run them on a GPU only.
 """
 
@@ -59,7 +60,7 @@ def supports(q, k, v, k_cache, v_cache, causal, window, softcap) -> bool:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128) or k is None:
         return False
-    if (causal and window and window > 0) or (softcap and softcap > 0):
+    if softcap and softcap > 0:
         return False
     caches = () if k_cache is None else (k_cache, v_cache)
     if any(c.shape[1] not in (16, 32, 64) or not c.is_contiguous() for c in caches):  # pages flattened to rows
@@ -79,8 +80,11 @@ if gluon is not None:
     BLOCK_M = gl.constexpr(ROWS)
 
     @gluon.jit
-    def _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, BLOCK_N: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr):
-        """(q_start, q_len, prefix, prefix tiles, chunk tiles) of this CTA's sequence and query tile."""
+    def _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, window, BLOCK_N: gl.constexpr, PAGED: gl.constexpr,
+               CAUSAL: gl.constexpr, HAS_WINDOW: gl.constexpr):  # fmt: skip
+        """(q_start, q_len, prefix, first prefix tile, prefix tiles, first chunk tile, chunk tiles) of this CTA:
+        iteration j < prefix tiles reads prefix tile first + j, the rest chunk tiles from its first. Without a
+        window both firsts are compile-time zeros; with one they skip the tiles left of every row's window."""
         q_start = gl.load(cu_q_ptr + b)
         q_len = gl.load(cu_q_ptr + b + 1) - q_start
         if PAGED:
@@ -91,15 +95,25 @@ if gluon is not None:
             end = gl.minimum(q_len, (m_blk + 1) * 2 * BLOCK_M)
         else:
             end = q_len
-        return q_start, q_len, prefix, gl.cdiv(prefix, BLOCK_N), gl.cdiv(end, BLOCK_N)
+        if HAS_WINDOW:  # lo: the first key (absolute position) any row of this CTA sees
+            lo = gl.maximum(prefix + m_blk * 2 * BLOCK_M - window + 1, 0)
+            pre_first = gl.minimum(lo // BLOCK_N, gl.cdiv(prefix, BLOCK_N))
+            chunk_first = gl.minimum(gl.maximum(lo - prefix, 0) // BLOCK_N, gl.cdiv(end, BLOCK_N))
+        else:
+            pre_first = 0
+            chunk_first = 0
+        n_pre, n_chunk = gl.cdiv(prefix, BLOCK_N) - pre_first, gl.cdiv(end, BLOCK_N) - chunk_first
+        return q_start, q_len, prefix, pre_first, n_pre, chunk_first, n_chunk
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, kc_desc, vc_desc, tables_ptr, stride_tb, q_smem, k_smem, v_smem, bars,
-                cu_q_ptr, kv_lens_ptr, h, kvh, b, m_blk,
+                cu_q_ptr, kv_lens_ptr, window, h, kvh, b, m_blk,
                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr,
-                PAGED: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+                PAGED: gl.constexpr, CAUSAL: gl.constexpr, HAS_WINDOW: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty, turn = bars
-        q_start, q_len, prefix, n_pre, n_chunk = _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, BLOCK_N, PAGED, CAUSAL)
+        q_start, q_len, prefix, pre_first, n_pre, chunk_first, n_chunk = _spans(
+            cu_q_ptr, kv_lens_ptr, b, m_blk, window, BLOCK_N, PAGED, CAUSAL, HAS_WINDOW
+        )
         for wg in gl.static_range(2):
             mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
             row = q_start + (m_blk * 2 + wg) * BLOCK_M
@@ -113,7 +127,7 @@ if gluon is not None:
             mbarrier.expect(v_ready.index(s), tile_bytes)
             if j < n_pre:  # cached prefix: one box per page; pages past the prefix repeat its last page (masked)
                 for r in gl.static_range(BLOCK_N // PAGE):
-                    idx = gl.minimum(j * (BLOCK_N // PAGE) + r, last_page)
+                    idx = gl.minimum((pre_first + j) * (BLOCK_N // PAGE) + r, last_page)
                     page = gl.load(tables_ptr + b.to(gl.int64) * stride_tb + idx)
                     coord = [page * PAGE, kvh * HEAD_DIM]
                     tma.async_copy_global_to_shared(
@@ -123,7 +137,7 @@ if gluon is not None:
                         vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * PAGE, PAGE)
                     )
             else:  # the chunk's own rows
-                coord = [q_start + (j - n_pre) * BLOCK_N, kvh * HEAD_DIM]
+                coord = [q_start + (chunk_first + j - n_pre) * BLOCK_N, kvh * HEAD_DIM]
                 tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(s), k_smem.index(s))
                 tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(s), v_smem.index(s))
 
@@ -148,10 +162,31 @@ if gluon is not None:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
+    def _softmax_window(sc, j, m_i, l_i, pos, first_pos, last_pos, qk_scale, window, prefix, q_len, pre_first,
+                        n_pre, chunk_first, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+        """_softmax for causal attention with a sliding window; pos: the rows' absolute positions, first_pos and
+        last_pos their range."""
+        if j < n_pre:
+            col0 = (pre_first + j) * BLOCK_N
+            span_end = prefix
+        else:
+            col0 = prefix + (chunk_first + j - n_pre) * BLOCK_N
+            span_end = prefix + q_len
+        if (col0 + BLOCK_N > span_end) | (col0 + BLOCK_N - 1 > first_pos) | (col0 <= last_pos - window):
+            cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            sc = gl.where((cols < span_end)[None, :] & (cols[None, :] <= pos[:, None]), sc, float("-inf"))
+            sc = gl.where(cols[None, :] > pos[:, None] - window, sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: p and sums stay 0
+        p = gl.exp2(sc * qk_scale - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
     def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale,
-                  cu_q_ptr, kv_lens_ptr, h, b, m_blk,
+                  cu_q_ptr, kv_lens_ptr, window, h, b, m_blk,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGED: gl.constexpr,
-                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                  CAUSAL: gl.constexpr, HAS_WINDOW: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty, turn = bars
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -160,7 +195,9 @@ if gluon is not None:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
         )
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        q_start, q_len, prefix, n_pre, n_chunk = _spans(cu_q_ptr, kv_lens_ptr, b, m_blk, BLOCK_N, PAGED, CAUSAL)
+        q_start, q_len, prefix, pre_first, n_pre, chunk_first, n_chunk = _spans(
+            cu_q_ptr, kv_lens_ptr, b, m_blk, window, BLOCK_N, PAGED, CAUSAL, HAS_WINDOW
+        )
         first_row = (m_blk * 2 + WG) * BLOCK_M  # within the chunk
         if CAUSAL:
             n_full = first_row // BLOCK_N  # chunk tiles every row of this warpgroup sees whole
@@ -168,6 +205,8 @@ if gluon is not None:
             n_full = q_len // BLOCK_N
         n = n_pre + n_chunk
         rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        first_pos = prefix + first_row  # absolute positions (window only)
+        last_pos = first_pos + BLOCK_M - 1
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)  # [rows, head_dim]
@@ -183,8 +222,13 @@ if gluon is not None:
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - WG), count=1)
         sc = warpgroup_mma_wait(0, deps=(sc,))
-        p, alpha, m_i, l_i = _softmax(sc, 0, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout,
-                                      BLOCK_N, CAUSAL)  # fmt: skip
+        if HAS_WINDOW:
+            p, alpha, m_i, l_i = _softmax_window(sc, 0, m_i, l_i, prefix + rows, first_pos, last_pos, qk_scale,
+                                                 window, prefix, q_len, pre_first, n_pre, chunk_first, s_layout,
+                                                 BLOCK_N)  # fmt: skip
+        else:
+            p, alpha, m_i, l_i = _softmax(sc, 0, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout,
+                                          BLOCK_N, CAUSAL)  # fmt: skip
         # tile j's QK product and tile j-1's PV product in flight together; tile j's softmax under the PV
         for j in range(1, n):
             s = j % STAGES
@@ -199,8 +243,13 @@ if gluon is not None:
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
             sc = warpgroup_mma_wait(1, deps=(sc,))
-            p, alpha, m_i, l_i = _softmax(sc, j, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout,
-                                          BLOCK_N, CAUSAL)  # fmt: skip
+            if HAS_WINDOW:
+                p, alpha, m_i, l_i = _softmax_window(sc, j, m_i, l_i, prefix + rows, first_pos, last_pos, qk_scale,
+                                                     window, prefix, q_len, pre_first, n_pre, chunk_first, s_layout,
+                                                     BLOCK_N)  # fmt: skip
+            else:
+                p, alpha, m_i, l_i = _softmax(sc, j, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full,
+                                              s_layout, BLOCK_N, CAUSAL)  # fmt: skip
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(sp), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -221,10 +270,10 @@ if gluon is not None:
     @gluon.jit
     def _ws_prefill_kernel(
         q_desc, k_desc, v_desc, kc_desc, vc_desc, out_ptr, cu_q_ptr, kv_lens_ptr, tables_ptr,
-        stride_ot, stride_oh, stride_tb, qk_scale,
+        stride_ot, stride_oh, stride_tb, qk_scale, window,
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        PAGE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-        HEADS_FIRST: gl.constexpr,
+        PAGE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, HAS_WINDOW: gl.constexpr,
+        PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr,
     ):  # fmt: skip
         if HEADS_FIRST:  # every head's tile m before any head's tile m - 1: longest causal tiles first overall
             h = gl.program_id(0)
@@ -256,12 +305,14 @@ if gluon is not None:
         # into tensors)
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
-                          kv_lens_ptr, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)),
+                          kv_lens_ptr, window, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, HAS_WINDOW,
+                          PINGPONG)),
             (_consumer, (1, q_smem, k_smem, v_smem, bars, out_ptr, stride_ot, stride_oh, qk_scale, cu_q_ptr,
-                          kv_lens_ptr, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, PINGPONG)),
+                          kv_lens_ptr, window, h, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGED, CAUSAL, HAS_WINDOW,
+                          PINGPONG)),
             (_loader, (q_desc, k_desc, v_desc, kc_desc, vc_desc, tables_ptr, stride_tb, q_smem, k_smem, v_smem,
-                       bars, cu_q_ptr, kv_lens_ptr, h, h // GROUP, b, m_blk, HEAD_DIM, BLOCK_N, STAGES, PAGE,
-                       PAGED, CAUSAL)),
+                       bars, cu_q_ptr, kv_lens_ptr, window, h, h // GROUP, b, m_blk, HEAD_DIM, BLOCK_N, STAGES,
+                       PAGE, PAGED, CAUSAL, HAS_WINDOW)),
         ], [4, 1], [240, 24])  # fmt: skip
 
 
@@ -272,7 +323,7 @@ def _descriptor(t, block_rows, layout):
     return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(-3), 1], [block_rows, head_dim], layout)
 
 
-def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, config):
+def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, config):
     """Run the kernel (`supports` must hold). k/v: the chunk's rows; k_cache/v_cache: the paged caches holding
     each sequence's cached prefix, or None (varlen: no prefix)."""
     batch = cu_q.shape[0] - 1
@@ -281,6 +332,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     q_layout = gl.NVMMASharedLayout.get_default_for([ROWS, head_dim], gl_dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], gl_dtype)
     paged = k_cache is not None
+    has_window = bool(causal and window and window > 0)
     k_desc, v_desc = _descriptor(k, config.block_n, kv_layout), _descriptor(v, config.block_n, kv_layout)
     page = k_cache.shape[1] if paged else 16
     # a page's box lands in a slice of the tile's buffer, so it takes the tile's layout
@@ -291,8 +343,10 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     _ws_prefill_kernel[grid](
         _descriptor(q, ROWS, q_layout), k_desc, v_desc, kc_desc, vc_desc, out, cu_q, kv_lens if paged else cu_q,
         tables if paged else cu_q, out.stride(0), out.stride(1), tables.stride(0) if paged else 0, scale * LOG2E,
+        int(window or 0) if has_window else 0,
         GROUP=q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
-        PAGE=page, PAGED=paged, CAUSAL=bool(causal), PINGPONG=config.pingpong, HEADS_FIRST=heads_first,
+        PAGE=page, PAGED=paged, CAUSAL=bool(causal),
+        HAS_WINDOW=has_window, PINGPONG=config.pingpong, HEADS_FIRST=heads_first,
         num_warps=4, maxnreg=168,  # 12 warps x 32 x 168 = all 64K registers; setmaxnreg: 240 / 240 / 24
     )  # fmt: skip
     return out

@@ -28,7 +28,7 @@ def varlen_attention(
     if q.shape[0] == 0:
         return out
     if ws is not None:
-        return prefill_ws.launch(q, k, v, None, None, out, cu_seqlens, None, None, scale, max_seqlen, causal, ws)
+        return prefill_ws.launch(q, k, v, None, None, out, cu_seqlens, None, None, scale, max_seqlen, causal, None, ws)
     return launch(
         q, k, v, None, None, out, cu_seqlens, cu_seqlens, cu_seqlens, scale, max_seqlen, causal, None, 0.0, config
     )

@@ -18,10 +18,11 @@ def test_only_sm90_has_a_warp_specialized_config():
     for arch, table in TABLES.items():
         for head_dim in (64, 80, 128, 256):
             for dtype in (torch.float16, torch.bfloat16, torch.float32):
-                config = table.prefill_ws_config(head_dim, dtype)
-                expected = arch == "sm_90" and head_dim in (64, 128) and dtype != torch.float32
-                assert (config is not None) == expected, (arch, head_dim, dtype)
-                assert config is None or isinstance(config, WsPrefillConfig)
+                for window in (False, True):
+                    config = table.prefill_ws_config(head_dim, dtype, window)
+                    expected = arch == "sm_90" and head_dim in (64, 128) and dtype != torch.float32
+                    assert (config is not None) == expected, (arch, head_dim, dtype, window)
+                    assert config is None or isinstance(config, WsPrefillConfig)
 
 
 def test_gluon_needs_triton_3_6():
@@ -39,9 +40,9 @@ def test_ws_plan_keeps_triton_outside_the_kernels_scope():
     k = torch.zeros(8, 2, 128, dtype=torch.float16, device=DEV)
     cache = torch.zeros(4, 16, 2, 128, dtype=torch.float16, device=DEV)
     args = (q, k, k, cache, cache)
-    # a config passed in asks for the Triton kernel; window and softcap are outside the Gluon kernel
+    # a config passed in asks for the Triton kernel; softcap is outside the Gluon kernel; a window takes its config
     assert prefill.ws_plan(*args, True, None, 0.0, None, PrefillConfig(64, 64, 4, 2)) is None
-    assert prefill.ws_plan(*args, True, 128, 0.0, None, None) is None
+    assert (prefill.ws_plan(*args, True, 128, 0.0, None, None) == TABLES["sm_90"].prefill_ws_window[128]) == SM90
     assert prefill.ws_plan(*args, True, None, 30.0, None, None) is None
     assert prefill.ws_plan(q, None, None, cache, cache, True, None, 0.0, None, None) is None  # no chunk rows to TMA
     assert (
@@ -55,6 +56,23 @@ def test_ws_plan_keeps_triton_outside_the_kernels_scope():
     strided_v = torch.zeros(4, 16, 2, 256, dtype=torch.float16, device=DEV)[..., :128]  # v pages not contiguous
     assert prefill.ws_plan(q, k, k, cache, strided_v, True, None, 0.0, None, None) is None
     assert (prefill.ws_plan(*args, True, None, 0.0, None, None) is not None) == SM90
+
+
+def _paged_case(page, group, head_dim, dtype, window=None):
+    """(out, reference) of a ragged paged prefill through the Gluon kernel."""
+    torch.manual_seed(0)
+    kv_heads = 2
+    lens, new = [kv for kv, _ in PAIRS], [n for _, n in PAIRS]
+    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    cu = torch.tensor([0] + new, device=DEV).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
+    k, v = _rows(k_cache, tables, PAIRS), _rows(v_cache, tables, PAIRS)
+    args = (tables, cu, seq_lens, head_dim**-0.5, max(new), True, window, 0.0)
+    assert prefill.ws_plan(q, k, v, k_cache, v_cache, True, window, 0.0, None, None) is not None
+    out = poisoned_like(q)
+    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
+    return out, reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
 
 
 def _rows(cache, tables, pairs):
@@ -73,20 +91,16 @@ PAIRS = [(1, 1), (63, 63), (129, 129), (700, 700), (2100, 1000), (300, 1), (128 
 @pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_paged_prefill_matches_reference(page, group, head_dim, dtype):
-    torch.manual_seed(0)
-    kv_heads = 2
-    lens, new = [kv for kv, _ in PAIRS], [n for _, n in PAIRS]
-    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
-    cu = torch.tensor([0] + new, device=DEV).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
-    k, v = _rows(k_cache, tables, PAIRS), _rows(v_cache, tables, PAIRS)
-    args = (tables, cu, seq_lens, head_dim**-0.5, max(new), True, None, 0.0)
-    assert prefill.ws_plan(q, k, v, k_cache, v_cache, True, None, 0.0, None, None) is not None
-    out = poisoned_like(q)
-    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
-    ref = reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
+    out, ref = _paged_case(page, group, head_dim, dtype)
     assert_close(out, ref, dtype)
+
+
+@needs_sm90
+@pytest.mark.parametrize("window", [1, 7, 100, 1000])  # 1: each row sees itself only; 1000: past most prefixes
+@pytest.mark.parametrize("head_dim,page", [(64, 16), (128, 32)], ids=str)
+def test_sliding_window_matches_reference(window, head_dim, page):
+    out, ref = _paged_case(page, 4, head_dim, torch.bfloat16, window)
+    assert_close(out, ref, torch.bfloat16)
 
 
 @needs_sm90
