@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import prefill_ws
+from kernels.attention import launch_order, prefill_ws
 from kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtype, table_for
 from kernels.attention.decode import _tanh
 from kernels.device import device_for
@@ -36,11 +36,6 @@ except ImportError:  # triton < 3.4: no host tensor descriptors, pointer loads o
     TensorDescriptor = None
 
 LOG2E = 1.4426950408889634
-# Launch order. Up to this many query tiles per head (all sequences), all heads' longest tiles go first (the
-# H200: +9% at B=1 L=4k, +11% at B=4 L=4k over head-by-head); above it one head's tiles run together and stream
-# the same K/V through the L2 (heads-first lost 4% at B=1 L=64k and 6% at B=4 L=16k). fp16, 128-row tiles;
-# rechecked with 128x64 tiles (2 CTAs per SM): heads-first still +17% at B=1 L=4k, the rest within the +-5% spread.
-HEADS_FIRST_MAX_TILES = 128
 
 
 @triton.jit
@@ -166,12 +161,7 @@ def _prefill_kernel(
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
     PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):  # fmt: skip
-    if HEADS_FIRST:  # every head's tile m before any head's tile m - 1: longest causal tiles first overall
-        h = tl.program_id(0)
-        m_blk = tl.num_programs(2) - 1 - tl.program_id(2)
-    else:  # one head's tiles together (longest first), so running programs share that head's K/V in the L2
-        m_blk = tl.num_programs(0) - 1 - tl.program_id(0)
-        h = tl.program_id(2)
+    h, m_blk = launch_order.program_tile(HEADS_FIRST)
     b = tl.program_id(1)
     kvh = h // GROUP
     q_start = tl.load(cu_q_ptr + b)
@@ -273,8 +263,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     else:
         pre_scale, post_scale = 1.0, scale * LOG2E
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), config.block_m)
-    heads_first = m_blocks * batch <= HEADS_FIRST_MAX_TILES
-    grid = (q_heads, batch, m_blocks) if heads_first else (m_blocks, batch, q_heads)
+    grid, heads_first = launch_order.grid(q_heads, batch, m_blocks)
     _prefill_kernel[grid](
         q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables,
         float(pre_scale), float(post_scale), int(window or 0),

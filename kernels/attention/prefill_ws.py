@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from kernels.attention import launch_order
+
 # Triton 3.5's Gluon warp_specialize takes another signature; this kernel compiles for sm_90 with 3.6 and 3.8 (and
 # ran on the H200 with 3.6)
 GLUON_MIN = (3, 6)
@@ -51,7 +53,6 @@ if not gluon_usable(triton.__version__):
 
 LOG2E = 1.4426950408889634
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
-HEADS_FIRST_MAX_TILES = 128  # launch order, as in prefill.py
 
 
 def supports(q, k, v, k_cache, v_cache, causal, window, softcap) -> bool:
@@ -275,12 +276,7 @@ if gluon is not None:
         PAGE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr, HAS_WINDOW: gl.constexpr,
         PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr,
     ):  # fmt: skip
-        if HEADS_FIRST:  # every head's tile m before any head's tile m - 1: longest causal tiles first overall
-            h = gl.program_id(0)
-            m_blk = gl.num_programs(2) - 1 - gl.program_id(2)
-        else:  # one head's tiles together, so running CTAs share its K/V in the L2
-            m_blk = gl.num_programs(0) - 1 - gl.program_id(0)
-            h = gl.program_id(2)
+        h, m_blk = launch_order.program_tile(HEADS_FIRST)
         b = gl.program_id(1)
         q_len = gl.load(cu_q_ptr + b + 1) - gl.load(cu_q_ptr + b)
         if m_blk * 2 * BLOCK_M >= q_len:
@@ -338,8 +334,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     # a page's box lands in a slice of the tile's buffer, so it takes the tile's layout
     kc_desc, vc_desc = (_descriptor(c, page, kv_layout) for c in (k_cache, v_cache)) if paged else (k_desc, v_desc)
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), 2 * ROWS)
-    heads_first = m_blocks * batch <= HEADS_FIRST_MAX_TILES
-    grid = (q_heads, batch, m_blocks) if heads_first else (m_blocks, batch, q_heads)
+    grid, heads_first = launch_order.grid(q_heads, batch, m_blocks)
     _ws_prefill_kernel[grid](
         _descriptor(q, ROWS, q_layout), k_desc, v_desc, kc_desc, vc_desc, out, cu_q, kv_lens if paged else cu_q,
         tables if paged else cu_q, out.stride(0), out.stride(1), tables.stride(0) if paged else 0, scale * LOG2E,
