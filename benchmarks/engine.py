@@ -30,7 +30,8 @@ import traceback
 import torch
 
 from benchmarks.random_model import build
-from benchmarks.report import save_results, tiny_or_gpu_args
+from benchmarks.report import save_results
+from benchmarks.runtime import sync, tiny_or_gpu_args
 from kernels import dispatch
 from llm import LLM, SamplingParams
 from llm.config import SchedulerConfig
@@ -111,11 +112,6 @@ def run_correctness(llm: LLM, hf, ps: list[list[int]], device) -> dict:
     return {"first_token_logprob_abs_err": lp_err, "comparisons": rows}
 
 
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def decode_steps_per_s(llm: LLM, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
     engine = llm.engine
     reconfigure(llm, prefix=False)
@@ -127,11 +123,11 @@ def decode_steps_per_s(llm: LLM, batch: int, prompt_len: int, steps: int, vocab:
         engine.step()
     for _ in range(3):
         engine.step()
-    sync(engine.runner.device)
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    sync(engine.runner.device)
+    sync()
     rate = steps / (time.perf_counter() - t0)
     for request_id in list(engine.requests):
         engine.abort(request_id)
@@ -146,12 +142,12 @@ def hf_decode_steps_per_s(hf, batch: int, prompt_len: int, steps: int, vocab: in
     for _ in range(3):
         out = hf(tok, past_key_values=past, use_cache=True)
         past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    sync(device)
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         out = hf(tok, past_key_values=past, use_cache=True)
         past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    sync(device)
+    sync()
     return steps / (time.perf_counter() - t0)
 
 

@@ -32,7 +32,8 @@ from benchmarks.engine import (
     reconfigure,
 )
 from benchmarks.random_model import word_level_tokenizer
-from benchmarks.report import save_results, tiny_or_gpu_args
+from benchmarks.report import save_results
+from benchmarks.runtime import tiny_or_gpu_args
 from llm import LLM, SamplingParams
 
 GEMMA3_270M = dict(

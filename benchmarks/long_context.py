@@ -31,6 +31,7 @@ import torch
 
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
 from benchmarks.report import render_results, save_results
+from benchmarks.runtime import sync
 from kernels.device import get_device_info
 
 CHUNK_BUDGET = 8192  # prefill tokens per engine step (max_num_batched_tokens)
@@ -40,11 +41,6 @@ LLAMA31 = dict(SHAPES["llama3-8b"], rope_scaling={"rope_type": "llama3", "factor
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})  # fmt: skip
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=512, max_position_embeddings=1024, rope_theta=500000.0)  # fmt: skip
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _mem():
@@ -118,11 +114,11 @@ def run_transformers(fields: dict, contexts: list[int], device: str) -> dict:
         _reset_peak()
         try:
             with torch.no_grad():
-                _sync()
+                sync()
                 t0 = time.perf_counter()
                 out = model(ids, use_cache=True, logits_to_keep=1)
                 token = out.logits[:, -1:].argmax(-1)
-                _sync()
+                sync()
                 prefill_s = time.perf_counter() - t0
                 past, step_s = out.past_key_values, []
                 del out
@@ -130,7 +126,7 @@ def run_transformers(fields: dict, contexts: list[int], device: str) -> dict:
                     t0 = time.perf_counter()
                     out = model(token, past_key_values=past, use_cache=True)
                     token = out.logits[:, -1:].argmax(-1)
-                    _sync()
+                    sync()
                     step_s.append(time.perf_counter() - t0)
                     past = out.past_key_values
             rows.append({

@@ -1,25 +1,10 @@
-"""Where every benchmark's results go: `<stem>.json`, and `<stem>.md` rendered from it (also printed);
-the arguments the model benchmarks share."""
+"""Where every benchmark's results go: `<stem>.json`, and `<stem>.md` rendered from it (also printed)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Callable
-
-import torch
-
-
-def tiny_or_gpu_args() -> tuple[argparse.Namespace, bool, torch.device]:
-    """`--out DIR` and `--tiny` (a CPU check of the script with a tiny model, also taken when there is no GPU):
-    (args, tiny, device)."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tiny", action="store_true", help="CPU check of the script with a tiny model")
-    args = ap.parse_args()
-    tiny = args.tiny or not torch.cuda.is_available()
-    return args, tiny, torch.device("cpu" if tiny else "cuda")
 
 
 def save_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str] | None = None) -> None:

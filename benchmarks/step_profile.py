@@ -15,22 +15,18 @@ from pathlib import Path
 import torch
 
 from benchmarks import random_model, workloads
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from benchmarks.runtime import sync
 
 
 def _profiled_steps(engine, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    _sync()
+    sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             engine.step()
-        _sync()
+        sync()
         wall = (time.perf_counter() - t0) / steps
     events = prof.key_averages()
     kernel_ms = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / steps / 1e3
@@ -78,7 +74,6 @@ def host_costs(device: str = "cuda", calls: int = 300) -> dict:
         "decode (4 splits + reduce)": lambda: attn.paged_decode_attention(q, kc, vc, tables, lens, 0.1, num_splits=4),
         "prefill": lambda: attn.paged_prefill_attention(q, kc, vc, tables, cu, lens, 0.1, 1),
     }
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = {}
     for name, fn in cases.items():
         for _ in range(3):
@@ -104,7 +99,7 @@ def python_profile(engine, steps: int, before_step, top: int = 30) -> list[dict]
         before_step(i)
         prof.enable()
         engine.step()
-        _sync()
+        sync()
         prof.disable()
     stats = pstats.Stats(prof).stats
     rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
@@ -146,10 +141,10 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
     unprofiled = []
     for i in range(steps):  # the same kind of step without the profiler's per-op cost
         arrive("u", i)
-        _sync()
+        sync()
         t0 = time.perf_counter()
         engine.step()
-        _sync()
+        sync()
         unprofiled.append((time.perf_counter() - t0) * 1e3)
     result["decode_plus_prefill_256_unprofiled_ms"] = statistics.median(unprofiled)
     result["decode_plus_prefill_256_python"] = python_profile(engine, steps, lambda i: arrive("c", i))

@@ -1,0 +1,24 @@
+"""Where the model benchmarks run: their shared `--out`/`--tiny` arguments, and the GPU sync around timings."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def tiny_or_gpu_args() -> tuple[argparse.Namespace, bool, torch.device]:
+    """`--out DIR` and `--tiny` (a CPU check of the script with a tiny model, also taken when there is no GPU):
+    (args, tiny, device)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tiny", action="store_true", help="CPU check of the script with a tiny model")
+    args = ap.parse_args()
+    tiny = args.tiny or not torch.cuda.is_available()
+    return args, tiny, torch.device("cpu" if tiny else "cuda")
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (nothing to wait for without one), so a host timer measures it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
