@@ -155,7 +155,9 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
 def decode_plan(q, k_cache, block_tables, device, num_splits: int | None = None) -> tuple[int, DecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
     width): the deep-pipeline config where the grid fits one wave of it (splits.deep_splits), else the arch's
-    config with the wave model's split count. A given `num_splits` is kept; only the config is chosen for it."""
+    config with the wave model's split count. A given `num_splits` is kept, with the deep config only where it is
+    the deep plan's own count, so a count the engine planned once per batch bucket runs the config it was
+    planned with."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
@@ -167,7 +169,7 @@ def decode_plan(q, k_cache, block_tables, device, num_splits: int | None = None)
             count = split_model.deep_splits(units, max_context, sm_count, deep.ctas_per_sm)
             if count is not None:
                 return count, deep
-        elif split_model.in_one_deep_wave(units, num_splits, max_context, sm_count, deep.ctas_per_sm):
+        elif num_splits == split_model.deep_splits(units, max_context, sm_count, deep.ctas_per_sm):
             return num_splits, deep
     config = table.decode_config(head_dim, q.dtype)
     if num_splits is None:

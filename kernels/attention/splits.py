@@ -104,7 +104,5 @@ def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, m
 
 
 def in_one_deep_wave(units: int, splits: int, max_context: int, sm_count: int, ctas_per_sm: int) -> bool:
-    """Whether a grid of units * splits CTAs suits the deep config: one wave, each split >= DEEP_MIN_TOKENS keys.
-    The launch asks this of a given split count, so a count the engine computed once per batch bucket runs the
-    config it was chosen for."""
+    """Whether a grid of units * splits CTAs suits the deep config: one wave, each split >= DEEP_MIN_TOKENS keys."""
     return units * splits <= sm_count * ctas_per_sm and max_context >= splits * DEEP_MIN_TOKENS

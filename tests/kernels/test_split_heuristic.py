@@ -98,3 +98,17 @@ def test_decode_plan_keeps_the_shallow_config_where_the_deep_one_does_not_apply(
     assert plan(1, 2048, dev90)[1] == TABLES["sm_90"].decode_config(128)  # short splits
     assert plan(32, 2048, dev90, torch.float32)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
+
+
+@pytest.mark.parametrize("sm_count", [78, 114, 132])
+def test_a_planned_split_count_runs_the_config_it_was_planned_with(sm_count):
+    """The engine keeps only the count (per batch bucket); the launch re-derives the config from it."""
+    dev = sim_device((9, 0), sm_count=sm_count)
+    for kv_heads in (1, 8, 32):
+        for batch in (1, 2, 8, 32, 128):
+            for ctx in (128, 512, 2048, 32768):
+                q = torch.empty(batch, 32, 128, dtype=torch.float16, device="meta")
+                k_cache = torch.empty(1, 16, kv_heads, 128, dtype=torch.float16, device="meta")
+                tables = torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta")
+                count, config = decode_plan(q, k_cache, tables, dev)
+                assert decode_plan(q, k_cache, tables, dev, count) == (count, config), (kv_heads, batch, ctx)
