@@ -301,18 +301,19 @@ def ws_plan(q, k, v, k_cache, v_cache, causal, window, softcap, device, config) 
     """The warp-specialized kernel's config (prefill_ws.py) when it can run this call: an sm_90 table entry for
     this head_dim and dtype, and a call within its scope. A config passed in (tests running an arch's Triton
     config) keeps the Triton kernel."""
-    if config is not None or prefill_ws.gluon is None:
+    if config is not None:
         return None
     windowed = bool(causal and window and window > 0)
     ws = table_for(device or device_for(q)).prefill_ws_config(q.shape[-1], q.dtype, windowed)
-    return ws if ws and prefill_ws.supports(q, k, v, k_cache, v_cache, causal, window, softcap) else None
+    return ws if ws and prefill_ws.supports(q, k, v, k_cache, v_cache, softcap) else None
 
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
     sliding_window=None, softcap=0.0, k=None, v=None, *, device=None, config: PrefillConfig | None = None, out=None,
 ):  # fmt: skip
-    """Triton paged prefill; `device`/`config` override the arch table (tests run other archs' configs).
+    """Paged prefill: the warp-specialized Gluon kernel where `ws_plan` allows (sm_90), else the Triton kernel;
+    `device`/`config` override the arch table (tests run other archs' configs; a config forces Triton).
 
     k, v (optional): the chunk's own K/V rows [total_q, kv_heads, head_dim], the ones just written to the
     cache; given, the chunk's keys are read from them and only the cached prefix from the pages."""

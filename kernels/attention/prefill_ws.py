@@ -17,7 +17,7 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
 - Registers: consumers get 240 per thread (setmaxnreg), the loader 24; 12 warps, one CTA per SM
   (shared memory: Q 32 KB + STAGES x 64 KB at head_dim 128).
 
-Scope (`supports` says whether a call fits): sm_90, fp16/bf16, head_dim 64 or 128, causal (with or without a
+Scope (`prefill.ws_plan` decides, with `supports`): sm_90, fp16/bf16, head_dim 64 or 128, causal (with or without a
 sliding window) or non-causal, no softcap; pages of 16/32/64 tokens. With a window, a CTA skips the key tiles
 left of its rows' windows and masks the tiles on the window's edge. Everything else runs the Triton kernel.
 Gluon kernels do not run in the interpreter; the tests run them on a GPU only.
@@ -55,13 +55,13 @@ LOG2E = 1.4426950408889634
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 
 
-def supports(q, k, v, k_cache, v_cache, causal, window, softcap) -> bool:
-    """Whether this kernel can run the call (otherwise the Triton kernel does)."""
+def supports(q, k, v, k_cache, v_cache, softcap) -> bool:
+    """Whether this kernel can run the call (otherwise the Triton kernel does): Gluon and an sm_90 GPU, the
+    chunk's rows given, no softcap, TMA-readable tensors. Dtype and head_dim are the config table's to decide
+    (`ArchTable.prefill_ws_config`); the capability is checked here because newer archs take sm_90's table."""
     if gluon is None or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128) or k is None:
-        return False
-    if softcap and softcap > 0:
+    if k is None or (softcap and softcap > 0):
         return False
     caches = () if k_cache is None else (k_cache, v_cache)
     if any(c.shape[1] not in (16, 32, 64) or not c.is_contiguous() for c in caches):  # pages flattened to rows

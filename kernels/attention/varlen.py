@@ -17,7 +17,8 @@ from kernels.attention.prefill import launch, prepare, ws_plan
 def varlen_attention(
     q, k, v, cu_seqlens, max_seqlen, scale, causal=False, *, device=None, config: PrefillConfig | None = None, out=None
 ):
-    """Triton varlen attention; `device`/`config` override the arch table (tests run other archs' configs)."""
+    """Varlen attention on the Gluon kernel where `prefill.ws_plan` allows (sm_90), else the Triton kernel;
+    `device`/`config` override the arch table (tests run other archs' configs; a config forces Triton)."""
     # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]; cu_seqlens: [batch + 1] int32
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
         raise ValueError("q must be [tokens, heads, head_dim] and k, v [tokens, kv_heads, head_dim]")

@@ -1,4 +1,5 @@
-"""Shared builders for the attention kernel tests: paged caches, tolerances, simulated devices."""
+"""Shared builders for the kernel tests: the test device (DEV, also for the ops tests), paged caches,
+tolerances, simulated devices."""
 
 from __future__ import annotations
 
