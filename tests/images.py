@@ -1,4 +1,5 @@
-"""Image files for the bad-input tests: broken ones, hostile ones, and odd modes that must be converted."""
+"""Test images and their encodings (bytes, data URLs): plain ones, and for the bad-input tests broken ones,
+hostile ones, and odd modes that must be converted."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from tests.vision import vlm_checks as checks
 from tests.vision.tiny_vlm import make_tiny_internvl
 
 INTERNVL = checks.FamilyChecks(InternVLForConditionalGeneration, "internvl")
-model_dir, family, llm = checks.module_fixtures(INTERNVL, make_tiny_internvl, "internvl")
+model_dir, family, llm = checks.module_fixtures(INTERNVL, make_tiny_internvl)
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])

@@ -13,7 +13,7 @@ from tests.vision.references import image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_llava
 
 LLAVA = checks.FamilyChecks(LlavaForConditionalGeneration, "llava")
-model_dir, family, llm = checks.module_fixtures(LLAVA, make_tiny_llava, "llava")
+model_dir, family, llm = checks.module_fixtures(LLAVA, make_tiny_llava)
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])

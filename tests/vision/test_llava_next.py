@@ -8,7 +8,7 @@ from tests.vision.references import image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_llava_next
 
 LLAVA_NEXT = checks.FamilyChecks(LlavaNextForConditionalGeneration, "llava-next")
-model_dir, family, llm = checks.module_fixtures(LLAVA_NEXT, make_tiny_llava_next, "llava-next")
+model_dir, family, llm = checks.module_fixtures(LLAVA_NEXT, make_tiny_llava_next)
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images", "second_turn"])

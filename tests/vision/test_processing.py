@@ -7,16 +7,12 @@ import torch
 from PIL import Image
 
 from llm.errors import InvalidRequestError
-from tests.images import data_url, encode
+from tests.images import data_url, red_png
 from vision.processing import content_hash, load_image, place_images, placeholder_runs, split_messages
 
 
-def _png(color=(255, 0, 0)) -> bytes:
-    return encode(Image.new("RGB", (4, 3), color))
-
-
 def test_image_sources_give_the_same_pixels(tmp_path):
-    data = _png()
+    data = red_png((4, 3))
     path = tmp_path / "a.png"
     path.write_bytes(data)
     images = [load_image(x) for x in (data, str(path), path, data_url(data), Image.open(io.BytesIO(data)))]
@@ -41,8 +37,8 @@ def test_bad_images_are_request_errors(bad, message):
 def test_messages_split_into_template_parts_and_images():
     messages = [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Look"}, {"type": "image", "image": _png()},
-                                     {"type": "image_url", "image_url": {"url": data_url(_png())}}]},
+        {"role": "user", "content": [{"type": "text", "text": "Look"}, {"type": "image", "image": red_png((4, 3))},
+                                     {"type": "image_url", "image_url": {"url": data_url(red_png((4, 3)))}}]},
     ]  # fmt: skip
     out, images = split_messages(messages, max_images=2)
     assert out[0]["content"] == "Be brief."

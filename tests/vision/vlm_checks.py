@@ -44,13 +44,13 @@ class FamilyChecks:
         return (prompt, *self._references[key])
 
 
-def module_fixtures(checks: FamilyChecks, make_model_dir, tag: str):
+def module_fixtures(checks: FamilyChecks, make_model_dir):
     """A family test module's `model_dir`, `family` and `llm` fixtures (module scope):
     `model_dir, family, llm = module_fixtures(...)` at the module's top level."""
 
     @pytest.fixture(scope="module")
     def model_dir(tmp_path_factory):
-        return make_model_dir(tmp_path_factory.mktemp(tag))
+        return make_model_dir(tmp_path_factory.mktemp(checks.inputs_family))
 
     @pytest.fixture(scope="module")
     def family(model_dir):
