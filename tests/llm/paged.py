@@ -4,7 +4,8 @@
 hands out blocks per sequence (in descending order, so tables are not the
 identity), and `step(model, batch)` runs one forward over `[(seq_id, new_ids)]`
 with the `AttentionMetadata` the model runner would build, returning the
-logits of every new token.
+logits of every new token. `check_chunked_prefill_then_decode` runs the
+chunked-prefill-then-decode check the decoder families share on it.
 """
 
 from __future__ import annotations
@@ -85,11 +86,11 @@ def check_chunked_prefill_then_decode(model, hf, prompt: list[int], rtol: float,
     def hf_last(ids):
         return hf(torch.tensor([ids])).logits[0, -1]
 
-    a, b = prompt, prompt[::-1][:13]
+    a, b, first_chunk = prompt, prompt[::-1][:13], 7
     cache = PagedCache(model)
-    cache.step(model, [(0, a[:7])])
-    logits = cache.step(model, [(0, a[7:]), (1, b)])  # [len(a) - 7 + 13, vocab]
-    last_a = len(a) - 7 - 1
+    cache.step(model, [(0, a[:first_chunk])])
+    logits = cache.step(model, [(0, a[first_chunk:]), (1, b)])  # [len(a) - first_chunk + len(b), vocab]
+    last_a = len(a) - first_chunk - 1
     assert rel_err(logits[last_a], hf_last(a)) < rtol, name
     assert rel_err(logits[-1], hf_last(b)) < rtol, name
     next_a, next_b = int(logits[last_a].argmax()), int(logits[-1].argmax())

@@ -1,5 +1,6 @@
-"""A prefill step that also carries decodes: the decode rows run on the decode kernel, the rest on the
-prefill kernel, and the result equals running every row through the prefill kernel."""
+"""The attention layer's prefill step: with decodes riding along, the decode rows run on the decode kernel and
+the rest on the prefill kernel, equal to running every row through the prefill kernel; and the prefill kernel
+reading the chunk's own K/V rows (the prefix from the pages) agrees with the pages-only reference."""
 
 import dataclasses
 
