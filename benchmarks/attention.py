@@ -27,9 +27,9 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.report import save_results
-from kernels.attention import decode, prefill
+from kernels.attention import decode, decode_ws, prefill
 from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
+from kernels.attention.configs import DecodeConfig, PrefillConfig, WsDecodeConfig, table_for
 from kernels.device import get_device_info
 
 PAGE = 16
@@ -178,13 +178,17 @@ def tune_prefill(device):
     return ranked[0], {str(c): times[c] for c in times}
 
 
-def config_name(c: DecodeConfig) -> str:
+def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
+    """blk/warps/stages of the Triton kernel; gluon blk/stages of the warp-specialized one."""
+    if isinstance(c, WsDecodeConfig):
+        return f"gluon {c.block_n}/{c.num_stages}"
     return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
 
 
 def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=None):
     """The heuristic's plan (config and splits; or `config` forced) against a sweep of fixed split counts for
-    every decode config of the arch (the shallow one and, where there is one, the deep one), and SDPA."""
+    every decode config of the arch (the shallow one and, where there are, the deep one and the Gluon kernel's),
+    and SDPA."""
     head_dim = 128
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
     sets = perm.shape[0]
@@ -198,6 +202,8 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     if config is None:
         heur, chosen = decode.decode_plan(q, k_cache, perm[0], device)
         candidates = [table.decode_config(head_dim, dtype), table.decode_deep_config(head_dim, dtype)]
+        if decode_ws.available(device, q_heads // kv_heads, PAGE):
+            candidates.append(table.decode_ws_config(head_dim, dtype))
     else:
         heur, chosen, candidates = decode.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
@@ -295,10 +301,11 @@ def markdown(res):
         f"# Attention kernels on {res['device']}", "",
         f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
         f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
-        f"Decode config {res['decode_config']} (deep, for one-wave grids: {res.get('decode_deep_config')}); "
+        f"Decode config {res['decode_config']} (for one-wave grids: warp-specialized "
+        f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}); "
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
-        "| dtype | heads | B | L | KV MB | heuristic (blk/warps/stages, splits) | ours us | best fixed us | SDPA us "
+        "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | best fixed us | SDPA us "
         "| speedup vs SDPA | ours BW frac | SDPA BW frac |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
@@ -358,6 +365,7 @@ def main():
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "decode_config": str(table_for(device).decode_config(128)),
            "decode_deep_config": str(table_for(device).decode_deep_config(128)),
+           "decode_ws_config": str(table_for(device).decode_ws_config(128)),
            "prefill_config": str(table_for(device).prefill_config(128)),
            "prefill_ws_config": str(table_for(device).prefill_ws_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()

@@ -73,6 +73,16 @@ class WsPrefillConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class WsDecodeConfig:
+    """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup), for
+    grids of one wave of it (splits.deep_splits with its ctas_per_sm)."""
+
+    block_n: int  # KV tokens per tile
+    num_stages: int  # K/V tiles in the loader's ring
+    ctas_per_sm: int  # the grid it is meant for: at most this many CTAs per SM, one wave
+
+
+@dataclass(frozen=True, slots=True)
 class ArchTable:
     arch: str
     supports_bf16: bool
@@ -86,6 +96,8 @@ class ArchTable:
     # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs; with a sliding window
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
+    # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs
+    decode_ws: dict[int, WsDecodeConfig] = field(default_factory=dict)
 
     def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
         return _fit(self.decode[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -94,6 +106,10 @@ class ArchTable:
         """The deep-pipeline decode config, or None: where none was measured, and for fp32 (twice the bytes per
         tile: the two CTAs per SM the config is meant for no longer fit)."""
         return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
+
+    def decode_ws_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsDecodeConfig | None:
+        """The warp-specialized decode's config, or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        return self.decode_ws.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -155,7 +171,7 @@ def _bucket(head_dim: int) -> int:
     return 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
 
 
-D, P, W = DecodeConfig, PrefillConfig, WsPrefillConfig
+D, P, W, WD = DecodeConfig, PrefillConfig, WsPrefillConfig, WsDecodeConfig
 
 TABLES: dict[str, ArchTable] = {
     # FMA dot, 96 KB smem, no async copy: one stage; prefill 64x32 keeps the FMA register tile small.
@@ -207,6 +223,7 @@ TABLES: dict[str, ArchTable] = {
         # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6).
         prefill_ws={64: W(128, 3), 128: W(128, 3)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4)},
+        decode_ws={128: WD(64, 4, 1)},
     ),
 }  # fmt: skip
 

@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention import decode_ws
 from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, check_dtype, table_for
+from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
 from kernels.device import device_for
 
 
@@ -156,25 +157,26 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
         raise ValueError("block_tables must be [batch, max_blocks] and seq_lens [batch]")
 
 
-def decode_plan(q, k_cache, block_tables, device, num_splits: int | None = None) -> tuple[int, DecodeConfig]:
+def decode_plan(
+    q, k_cache, block_tables, device, num_splits: int | None = None
+) -> tuple[int, DecodeConfig | WsDecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
-    width): the deep-pipeline config where the grid fits one wave of it (splits.deep_splits), else the arch's
-    config with the wave model's split count. A given `num_splits` is kept, with the deep config only where it is
-    the deep plan's own count, so a count the engine planned once per batch bucket runs the config it was
+    width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config: first the
+    warp-specialized Gluon kernel's (sm_90, decode_ws.py), then the deep-pipeline Triton config; else the arch's
+    config with the wave model's split count. A given `num_splits` is kept, with a one-wave config only where it
+    is that config's own count, so a count the engine planned once per batch bucket runs the config it was
     planned with."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    units, max_context = batch * kv_heads, block_tables.shape[1] * k_cache.shape[1]
+    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    units, max_context = batch * kv_heads, block_tables.shape[1] * page
     sm_count = _sm_count(device)
-    deep = table.decode_deep_config(head_dim, q.dtype)
-    if deep is not None:
-        if num_splits is None:
-            count = split_model.deep_splits(units, max_context, sm_count, deep.ctas_per_sm)
-            if count is not None:
-                return count, deep
-        elif num_splits == split_model.deep_splits(units, max_context, sm_count, deep.ctas_per_sm):
-            return num_splits, deep
+    ws = table.decode_ws_config(head_dim, q.dtype) if decode_ws.available(device, q_heads // kv_heads, page) else None
+    for one_wave in (ws, table.decode_deep_config(head_dim, q.dtype)):
+        if one_wave is not None:
+            count = split_model.deep_splits(units, max_context, sm_count, one_wave.ctas_per_sm)
+            if count is not None and num_splits in (None, count):
+                return count, one_wave
     config = table.decode_config(head_dim, q.dtype)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
@@ -202,8 +204,9 @@ def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     *, device=None, config: DecodeConfig | None = None,
 ):  # fmt: skip
-    """Triton paged decode; `device`/`config` override the arch table (tests run other archs' configs), else
-    decode_plan picks the config (and the split count when `num_splits` is None)."""
+    """Paged decode; `device`/`config` override the arch table (tests run other archs' configs), else decode_plan
+    picks the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel
+    where `decode_ws.supports` the call, else the arch's Triton config with the same split count."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     device = device or device_for(q)
@@ -217,11 +220,12 @@ def paged_decode_attention(
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
+    if isinstance(config, WsDecodeConfig) and not decode_ws.supports(q, k_cache, v_cache, softcap):
+        config = table.decode_config(head_dim, q.dtype)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    block_n = config.block_n
     direct = num_splits == 1
     if direct:
         part, lse = out, out  # unused
@@ -231,16 +235,21 @@ def paged_decode_attention(
         lse = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
         part_strides = part.stride()[:3]
     block_d = triton.next_power_of_2(head_dim)
-    _decode_kernel[(kv_heads, batch, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part, lse,
-        float(scale), float(softcap or 1.0), int(sliding_window or 0), num_splits,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        block_tables.stride(0), out.stride(0), out.stride(1), *part_strides,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        PAGE=page, BLOCK_N=block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+    if isinstance(config, WsDecodeConfig):
+        decode_ws.launch(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, part, lse, config
+        )
+    else:
+        _decode_kernel[(kv_heads, batch, num_splits)](
+            q, k_cache, v_cache, block_tables, seq_lens, out, part, lse,
+            float(scale), float(softcap or 1.0), int(sliding_window or 0), num_splits,
+            q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+            block_tables.stride(0), out.stride(0), out.stride(1), *part_strides,
+            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+            PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
     if not direct:
         _reduce_kernel[(batch, q_heads)](
             part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),

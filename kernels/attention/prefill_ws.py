@@ -20,7 +20,6 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
 Scope (`prefill.ws_plan` decides, with `supports`): sm_90, fp16/bf16, head_dim 64 or 128, causal (with or without a
 sliding window) or non-causal, no softcap; pages of 16/32/64 tokens. With a window, a CTA skips the key tiles
 left of its rows' windows and masks the tiles on the window's edge. Everything else runs the Triton kernel.
-Gluon kernels do not run in the interpreter; the tests run them on a GPU only.
 """
 
 from __future__ import annotations
@@ -29,29 +28,19 @@ import torch
 import triton
 
 from kernels.attention import launch_order
+from kernels.attention.gluon_sm90 import (
+    LOG2E,
+    gl,
+    gl_dtype,
+    gluon,
+    mbarrier,
+    row_descriptor,
+    tma,
+    tma_rows_ok,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
-# Triton 3.5's Gluon warp_specialize takes another signature; this kernel compiles for sm_90 with 3.6 and 3.8 (and
-# ran on the H200 with 3.6)
-GLUON_MIN = (3, 6)
-
-
-def gluon_usable(version: str) -> bool:
-    """Whether a Triton of this version compiles this kernel."""
-    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
-    return (major, minor) >= GLUON_MIN
-
-
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError:  # triton without Gluon's Hopper ops: the Triton kernel serves every call
-    gluon = None
-if not gluon_usable(triton.__version__):
-    gluon = None
-
-LOG2E = 1.4426950408889634
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 
 
@@ -66,15 +55,7 @@ def supports(q, k, v, k_cache, v_cache, softcap) -> bool:
     caches = () if k_cache is None else (k_cache, v_cache)
     if any(c.shape[1] not in (16, 32, 64) or not c.is_contiguous() for c in caches):  # pages flattened to rows
         return False
-    return all(_tma_ok(t) for t in (q, k, v, *caches))
-
-
-def _tma_ok(t) -> bool:
-    """Rows of [..., heads, head_dim] with head_dim and heads contiguous, 16-byte aligned."""
-    item = t.element_size()
-    return (
-        t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] and (t.stride(-3) * item) % 16 == 0 and t.data_ptr() % 16 == 0
-    )
+    return all(tma_rows_ok(t) for t in (q, k, v, *caches))
 
 
 if gluon is not None:
@@ -312,31 +293,23 @@ if gluon is not None:
         ], [4, 1], [240, 24])  # fmt: skip
 
 
-def _descriptor(t, block_rows, layout):
-    """[tokens, heads * head_dim] view of rows [..., heads, head_dim] (a cache's blocks and pages flattened)."""
-    head_dim, heads = t.shape[-1], t.shape[-2]
-    tokens = t.numel() // (heads * head_dim) if t.dim() == 4 else t.shape[0]
-    return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(-3), 1], [block_rows, head_dim], layout)
-
-
 def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, config):
     """Run the kernel (`supports` must hold). k/v: the chunk's rows; k_cache/v_cache: the paged caches holding
     each sequence's cached prefix, or None (varlen: no prefix)."""
     batch = cu_q.shape[0] - 1
     q_heads, head_dim = q.shape[1], q.shape[2]
-    gl_dtype = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-    q_layout = gl.NVMMASharedLayout.get_default_for([ROWS, head_dim], gl_dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], gl_dtype)
+    q_layout = gl.NVMMASharedLayout.get_default_for([ROWS, head_dim], gl_dtype(q.dtype))
+    kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], gl_dtype(q.dtype))
     paged = k_cache is not None
     has_window = bool(causal and window and window > 0)
-    k_desc, v_desc = _descriptor(k, config.block_n, kv_layout), _descriptor(v, config.block_n, kv_layout)
+    k_desc, v_desc = row_descriptor(k, config.block_n, kv_layout), row_descriptor(v, config.block_n, kv_layout)
     page = k_cache.shape[1] if paged else 16
     # a page's box lands in a slice of the tile's buffer, so it takes the tile's layout
-    kc_desc, vc_desc = (_descriptor(c, page, kv_layout) for c in (k_cache, v_cache)) if paged else (k_desc, v_desc)
+    kc_desc, vc_desc = (row_descriptor(c, page, kv_layout) for c in (k_cache, v_cache)) if paged else (k_desc, v_desc)
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), 2 * ROWS)
     grid, heads_first = launch_order.grid(q_heads, batch, m_blocks)
     _ws_prefill_kernel[grid](
-        _descriptor(q, ROWS, q_layout), k_desc, v_desc, kc_desc, vc_desc, out, cu_q, kv_lens if paged else cu_q,
+        row_descriptor(q, ROWS, q_layout), k_desc, v_desc, kc_desc, vc_desc, out, cu_q, kv_lens if paged else cu_q,
         tables if paged else cu_q, out.stride(0), out.stride(1), tables.stride(0) if paged else 0, scale * LOG2E,
         int(window or 0) if has_window else 0,
         GROUP=q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,

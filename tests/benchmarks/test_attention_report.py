@@ -1,7 +1,7 @@
 """The attention benchmark's target checks and Markdown table, on synthetic rows (no GPU)."""
 
 from benchmarks.attention import config_name, markdown, targets
-from kernels.attention.configs import DecodeConfig
+from kernels.attention.configs import DecodeConfig, WsDecodeConfig
 
 
 def _decode_row(ours, sdpa, best, kv_mb=512.0, copy_gbs=4000.0, batch=1):
@@ -27,15 +27,16 @@ def test_targets_judge_each_decode_row_against_its_peers():
 def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     res = {
         "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
-        "decode_config": "D", "decode_deep_config": "DD", "prefill_config": "P",
+        "decode_config": "D", "decode_deep_config": "DD", "decode_ws_config": "WD", "prefill_config": "P",
         "decode": [_decode_row(ours=120.0, sdpa=125.0, best=118.0)], "prefill": [],
     }  # fmt: skip
     res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])
     text = markdown(res)
     assert "| 64/4/6 S=32 | 120.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
-    assert "deep, for one-wave grids: DD" in text
+    assert "for one-wave grids: warp-specialized WD, deep DD" in text
     assert "- prefill_0.9x_sdpa: not measured in this run" in text
     assert config_name(DecodeConfig(64, 4, 6, 2)) == "64/4/6"
+    assert config_name(WsDecodeConfig(64, 4, 1)) == "gluon 64/4"
 
 
 def _prefill_row(ours, sdpa=None, prefix=0, batch=4):
@@ -50,7 +51,7 @@ def test_prefill_rows_name_the_kernel_and_judge_fresh_rows_only():
     assert t["prefill_0.9x_sdpa"] == {"met": False, "missed": ["bfloat16 B=1 L=4096"], "cases": 2}
     res = {
         "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
-        "decode_config": "D", "decode_deep_config": "DD", "prefill_config": "P", "prefill_ws_config": "W",
+        "decode_config": "D", "decode_deep_config": "DD", "decode_ws_config": "WD", "prefill_config": "P", "prefill_ws_config": "W",
         "decode": [], "prefill": rows, "targets": t,
     }  # fmt: skip
     text = markdown(res)

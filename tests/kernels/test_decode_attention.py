@@ -1,4 +1,4 @@
-"""Triton paged decode (split-k) against the float64 torch reference.
+"""Paged decode (split-k) against the float64 torch reference.
 
 CPU: tiny shapes under TRITON_INTERPRET=1. GPU: the same cases at real sizes.
 """
@@ -6,7 +6,7 @@ CPU: tiny shapes under TRITON_INTERPRET=1. GPU: the same cases at real sizes.
 import pytest
 import torch
 
-from kernels.attention import decode, reference
+from kernels.attention import decode, decode_ws, reference
 from kernels.attention.configs import TABLES
 from tests.kernels.attention_helpers import (
     ARCHS,
@@ -93,17 +93,22 @@ def test_decode_every_arch_config_runs_here(arch):
     assert_close(out, ref, torch.float16)
 
 
-def test_decode_plan_runs_the_deep_pipeline_on_a_one_wave_grid():
-    """sm_90's deep config is picked for a grid of one wave (2 CTAs per SM) whose splits read >= 128 keys, and
-    computes the right thing (on a GPU through its real 6-stage pipeline)."""
-    device = sim_device((9, 0), sm_count=KV_HEADS)  # one wave: 2 * KV_HEADS CTAs, one sequence's KV heads x 2 splits
+def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
+    """On sm_90 a grid of one wave runs the Gluon kernel's config (one CTA per SM, where Gluon is there), else
+    the deep Triton config (two CTAs per SM, splits reading >= 128 keys); a given split count keeps the config it
+    is the own count of. Computes the right thing (on an sm_90 GPU through the kernel planned)."""
+    device = sim_device((9, 0), sm_count=KV_HEADS)  # one sequence's KV heads: one CTA per SM with one split
     q = torch.empty(1, KV_HEADS * 4, 128, dtype=torch.float16, device="meta")
     k_cache = torch.empty(1, 16, KV_HEADS, 128, dtype=torch.float16, device="meta")
     tables = torch.empty(1, 70, dtype=torch.int32, device="meta")  # what make_paged builds for 1100 tokens
-    deep = TABLES["sm_90"].decode_deep_config(128)
-    assert decode.decode_plan(q, k_cache, tables, device) == (2, deep)
-    assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # the engine's count: same
-    assert decode.decode_plan(q, k_cache, tables, device, num_splits=4)[1] != deep  # two waves: the shallow one
+    deep, ws = TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128)
+    if decode_ws.available(device, 4, 16):
+        assert decode.decode_plan(q, k_cache, tables, device) == (1, ws)
+        assert decode.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the engine's count: same
+    else:
+        assert decode.decode_plan(q, k_cache, tables, device) == (2, deep)
+    assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count
+    assert decode.decode_plan(q, k_cache, tables, device, num_splits=4)[1] not in (deep, ws)  # two waves: shallow
     out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
     assert_close(out, ref, torch.float16)
 

@@ -6,11 +6,11 @@ everywhere."""
 import pytest
 import torch
 
-from kernels.attention import prefill, prefill_ws, reference, varlen
+from kernels.attention import gluon_sm90, prefill, reference, varlen
 from kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
 from tests.kernels.attention_helpers import DEV, assert_close, make_paged, poisoned_like
 
-SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and prefill_ws.gluon is not None
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon_sm90.gluon is not None
 needs_sm90 = pytest.mark.skipif(not SM90, reason="the Gluon kernel needs an sm_90 GPU")
 
 
@@ -26,13 +26,13 @@ def test_only_sm90_has_a_warp_specialized_config():
 
 
 def test_gluon_needs_triton_3_6():
-    assert not prefill_ws.gluon_usable("3.5.0")
+    assert not gluon_sm90.gluon_usable("3.5.0")
     assert (
-        prefill_ws.gluon_usable("3.6.0")
-        and prefill_ws.gluon_usable("3.8.0+git1a2b3c")
-        and prefill_ws.gluon_usable("4.0")
+        gluon_sm90.gluon_usable("3.6.0")
+        and gluon_sm90.gluon_usable("3.8.0+git1a2b3c")
+        and gluon_sm90.gluon_usable("4.0")
     )
-    assert not prefill_ws.gluon_usable("2.3.1")
+    assert not gluon_sm90.gluon_usable("2.3.1")
 
 
 def test_ws_plan_keeps_triton_outside_the_kernels_scope():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.attention import splits
+from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
 from kernels.attention.decode import decode_plan, decode_splits
 from tests.kernels.attention_helpers import sim_device
@@ -65,7 +65,10 @@ def test_decode_splits_reads_only_host_values():
     cfg, deep = TABLES["sm_90"].decode_config(128), TABLES["sm_90"].decode_deep_config(128)
     want = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 132, cfg.ctas_per_sm, cfg.block_n, 4000.0)
     assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
-    assert decode_splits(q, k_cache, tables, dev) == splits.deep_splits(16, 4096, 132, deep.ctas_per_sm) == 16
+    # no config: the one-wave plan (16 KV-head units on 132 SMs), one CTA per SM for the Gluon kernel
+    one_wave = TABLES["sm_90"].decode_ws_config(128) if decode_ws.available(dev, 4, 16) else deep
+    assert decode_splits(q, k_cache, tables, dev) == splits.deep_splits(16, 4096, 132, one_wave.ctas_per_sm)
+    assert splits.deep_splits(16, 4096, 132, 1) == 8 and splits.deep_splits(16, 4096, 132, 2) == 16
 
 
 def test_deep_pipeline_takes_a_one_wave_grid_of_long_splits():
@@ -91,11 +94,17 @@ def test_decode_plan_keeps_the_shallow_config_where_the_deep_one_does_not_apply(
         k_cache = torch.empty(1, 16, 8, 128, dtype=dtype, device="meta")
         return decode_plan(q, k_cache, torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta"), dev)
 
-    deep = TABLES["sm_90"].decode_deep_config(128)
-    assert plan(32, 2048, dev90) == (1, deep)
-    assert plan(1, 32768, dev90) == (32, deep)
+    deep, ws = TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128)
+    assert plan(32, 2048, dev90) == (1, deep)  # 256 units: one wave of two CTAs per SM, not of one
+    if decode_ws.available(dev90, 4, 16):  # 8 units: one wave of the Gluon kernel's one CTA per SM
+        assert plan(1, 32768, dev90) == (16, ws)
+        assert plan(1, 32768, dev90, torch.bfloat16) == (16, ws)
+        assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (the deep Triton config's 32 would read 64)
+    else:
+        assert plan(1, 32768, dev90) == (32, deep)
+    assert plan(1, 32768, dev90, torch.float32)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert plan(128, 512, dev90)[1] == TABLES["sm_90"].decode_config(128)  # 1024 CTAs: many waves
-    assert plan(1, 2048, dev90)[1] == TABLES["sm_90"].decode_config(128)  # short splits
+    assert plan(1, 1024, dev90)[1] == TABLES["sm_90"].decode_config(128)  # short splits for both
     assert plan(32, 2048, dev90, torch.float32)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
 

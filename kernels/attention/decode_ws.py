@@ -1,0 +1,222 @@
+"""Paged decode attention for sm_90 in Gluon: a TMA loader warp and one wgmma consumer warpgroup.
+
+Used on grids of one wave (few sequences and KV heads: small batches, the latency-bound case), where the Triton
+kernel of `decode.py` spends much of a call waiting on its chain of dependent loads (sequence length, block table,
+K/V). Here one warp does nothing but issue loads:
+
+- One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up each page of a
+  BLOCK_N-key tile in the block table and issues one TMA box per page (or per tile, for pages larger than the
+  tile) into a ring of STAGES K and V buffers (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is
+  done with a stage). It loads the query group's rows once, padded to 64 rows by a 3-D box (rows past the
+  heads are zeros).
+- The consumer warpgroup computes S = Q K^T with wgmma (the query heads sharing the KV head are the rows; 64
+  is wgmma's smallest M, so a group of 4 uses 4 of them), the online softmax in registers, and O += P V with
+  P from registers.
+- Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
+  [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
+  log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges.
+
+Rows of a tile past the sequence's end are loaded (the last page's stale rows: the engine's cache is
+zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.
+
+Scope (`supports` and the sm_90 table's `decode_ws` decide): sm_90, fp16/bf16, head_dim 64/128 (the table's keys),
+query groups of at most 64 heads, pages of 16/32/64 tokens in contiguous caches, no softcap.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention.gluon_sm90 import (
+    LOG2E,
+    TensorDescriptor,
+    gl,
+    gl_dtype,
+    gluon,
+    mbarrier,
+    row_descriptor,
+    tma,
+    tma_rows_ok,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+ROWS = 64  # wgmma's M: the query group padded
+NO_WINDOW = 1 << 30
+
+
+def available(device, group: int, page: int) -> bool:
+    """Whether the kernel could serve decode calls of this model on `device` (what the split plan needs to know
+    before any tensor exists): Gluon, an sm_90 GPU, a group that fits the 64 rows, a supported page size."""
+    return (
+        gluon is not None
+        and device.is_cuda
+        and device.capability is not None
+        and device.capability[0] == 9
+        and group <= ROWS
+        and page in (16, 32, 64)
+    )
+
+
+def supports(q, k_cache, v_cache, softcap) -> bool:
+    """Whether this call can run here (else the Triton kernel runs it with the same split count): CUDA tensors,
+    no softcap, contiguous caches and a query whose heads are TMA-readable rows."""
+    if gluon is None or not q.is_cuda or (softcap and softcap > 0):
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and tma_rows_ok(k_cache) and tma_rows_ok(v_cache)):
+        return False
+    item = q.element_size()
+    return (
+        q.stride(-1) == 1 and q.stride(1) == q.shape[-1] and (q.stride(0) * item) % 16 == 0 and q.data_ptr() % 16 == 0
+    )
+
+
+if gluon is not None:
+    QROWS = gl.constexpr(ROWS)
+
+    @gluon.jit
+    def _span(lens_ptr, b, split, num_splits, window, BLOCK_N: gl.constexpr):
+        """(first visible key, first key, end, tiles) of this split: the visible range aligned down to BLOCK_N is
+        divided into whole tiles among the splits."""
+        seq_len = gl.load(lens_ptr + b)
+        start = gl.maximum(seq_len - window, 0)
+        base = start // BLOCK_N * BLOCK_N
+        chunk = gl.cdiv(gl.cdiv(seq_len - base, num_splits), BLOCK_N) * BLOCK_N
+        lo = base + split * chunk
+        hi = gl.minimum(lo + chunk, seq_len)
+        return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0)
+
+    @gluon.jit
+    def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
+                b, kvh, split, num_splits, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, PAGE: gl.constexpr):  # fmt: skip
+        q_ready, k_ready, v_ready, kv_empty = bars
+        start, lo, hi, n = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
+        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
+        BOX: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N
+        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * kc_desc.dtype.primitive_bitwidth // 8
+        last_page = (hi - 1) // PAGE
+        table = tables_ptr + b.to(gl.int64) * stride_tb
+        for j in range(n):
+            s = j % STAGES
+            mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(s), tile_bytes)
+            mbarrier.expect(v_ready.index(s), tile_bytes)
+            for r in gl.static_range(BLOCK_N // BOX):  # boxes past the end repeat the last page's rows (masked)
+                key = lo + j * BLOCK_N + r * BOX
+                page = gl.load(table + gl.minimum(key // PAGE, last_page))
+                coord = [page * PAGE + key % PAGE, kvh * HEAD_DIM]
+                tma.async_copy_global_to_shared(kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * BOX, BOX))
+                tma.async_copy_global_to_shared(vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * BOX, BOX))
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b, kvh,
+                  split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                  Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
+        q_ready, k_ready, v_ready, kv_empty = bars
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        start, lo, hi, n = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
+        m_i = gl.full([QROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([QROWS], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([QROWS, HEAD_DIM], gl.float32, o_layout)
+        zero = gl.zeros([QROWS, BLOCK_N], gl.float32, s_layout)
+        q_rows = q_smem.reshape([QROWS, HEAD_DIM])
+        mbarrier.wait(q_ready.index(0), 0)
+        for j in range(n):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            key0 = lo + j * BLOCK_N
+            mbarrier.wait(k_ready.index(s), phase)
+            sc = warpgroup_mma(q_rows, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(0, deps=(sc,))
+            if (key0 < start) | (key0 + BLOCK_N > hi):  # a window's first tile or the range's last
+                keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                sc = gl.where(((keys >= start) & (keys < hi))[None, :], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)  # finite: every tile holds a visible key
+            p = gl.exp2(sc * qk_scale - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            pa = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+            mbarrier.wait(v_ready.index(s), phase)
+            acc = warpgroup_mma(pa, v_smem.index(s), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(s), count=1)
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]  # no visible key: zeros
+        rows = gl.arange(0, QROWS, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        heads = kvh * GROUP + rows
+        ok = (rows < GROUP)[:, None]
+        if DIRECT:
+            ptrs = out_ptr + (b * stride_ob + heads * stride_oh)[:, None] + cols[None, :]
+            gl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=ok)
+        else:
+            ptrs = part_ptr + (b * stride_pb + heads * stride_ph + split * stride_ps)[:, None] + cols[None, :]
+            gl.store(ptrs, o, mask=ok)
+            l_rows = gl.arange(0, QROWS, layout=gl.SliceLayout(1, s_layout))
+            lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+            gl.store(lse_ptr + (b * Q_HEADS + kvh * GROUP + l_rows) * num_splits + split, lse, mask=l_rows < GROUP)
+
+    @gluon.jit
+    def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
+                          window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                          Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
+        kvh = gl.program_id(0)
+        b = gl.program_id(1)
+        split = gl.program_id(2)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(kc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kc_desc.layout)
+        v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready.index(0), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=1)
+        bars = (q_ready, k_ready, v_ready, kv_empty)
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b,
+                         kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, Q_HEADS,
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, DIRECT)),
+            (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
+                       bars, b, kvh, split, num_splits, GROUP, HEAD_DIM, BLOCK_N, STAGES, PAGE)),
+        ], [1], [24])  # fmt: skip
+
+
+def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config):
+    """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
+    log-sum-exps for `decode._reduce_kernel`."""
+    batch, q_heads, head_dim = q.shape
+    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    dtype = gl_dtype(q.dtype)
+    q_layout = gl.NVMMASharedLayout.get_default_for([1, ROWS, head_dim], dtype)
+    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, ROWS, head_dim], q_layout)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], dtype)
+    box = min(page, config.block_n)
+    kc_desc, vc_desc = row_descriptor(k_cache, box, kv_layout), row_descriptor(v_cache, box, kv_layout)
+    direct = num_splits == 1
+    part_strides = (0, 0, 0) if direct else part.stride()[:3]
+    _ws_decode_kernel[(kv_heads, batch, num_splits)](
+        q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
+        int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
+        out.stride(1), *part_strides,
+        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
+        STAGES=config.num_stages, PAGE=page, DIRECT=direct, num_warps=4, maxnreg=128,
+    )  # fmt: skip
+    return out

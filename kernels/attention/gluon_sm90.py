@@ -1,0 +1,54 @@
+"""Gluon (Triton's lower-level dialect) for the sm_90 kernels, where this Triton has it, and the TMA helpers they
+share (`prefill_ws.py`, `decode_ws.py`).
+
+`gluon` is None when Triton lacks Gluon's Hopper ops or is older than GLUON_MIN; the callers then keep their
+Triton kernels. Gluon kernels do not run in the interpreter; their tests run on a GPU only.
+"""
+
+from __future__ import annotations
+
+import triton
+
+# Triton 3.5's Gluon warp_specialize takes another signature; the kernels compile for sm_90 with 3.6 and 3.8 (and
+# ran on the H200 with 3.6)
+GLUON_MIN = (3, 6)
+
+
+def gluon_usable(version: str) -> bool:
+    """Whether a Triton of this version compiles the Gluon kernels."""
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
+    return (major, minor) >= GLUON_MIN
+
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # triton without Gluon's Hopper ops: the Triton kernels serve every call
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+if not gluon_usable(triton.__version__):
+    gluon = None
+
+LOG2E = 1.4426950408889634
+
+
+def tma_rows_ok(t) -> bool:
+    """Rows of [..., heads, head_dim] with head_dim and heads contiguous, 16-byte aligned: a TMA-readable
+    [tokens, heads * head_dim] view (`row_descriptor`)."""
+    item = t.element_size()
+    return (
+        t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] and (t.stride(-3) * item) % 16 == 0 and t.data_ptr() % 16 == 0
+    )
+
+
+def row_descriptor(t, block_rows, layout):
+    """[tokens, heads * head_dim] view of rows [..., heads, head_dim] (a cache's blocks and pages flattened)."""
+    head_dim, heads = t.shape[-1], t.shape[-2]
+    tokens = t.numel() // (heads * head_dim) if t.dim() == 4 else t.shape[0]
+    return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(-3), 1], [block_rows, head_dim], layout)
+
+
+def gl_dtype(dtype):
+    """Gluon's element type of a 2-byte torch dtype."""
+    return gl.float16 if str(dtype) == "torch.float16" else gl.bfloat16

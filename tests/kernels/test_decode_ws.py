@@ -1,0 +1,120 @@
+"""The warp-specialized sm_90 decode (Gluon) against the float64 torch reference, and when it is chosen.
+
+The kernel runs on an sm_90 GPU only (Gluon has no interpreter); its choice (`decode.decode_plan`,
+`decode_ws.available`/`supports`) and the Triton fallback are checked everywhere."""
+
+import pytest
+import torch
+
+from kernels.attention import decode, decode_ws, gluon_sm90, reference
+from kernels.attention.configs import TABLES, WsDecodeConfig
+from kernels.device import DeviceInfo, TritonMode, device_for
+from tests.kernels.attention_helpers import DEV, assert_close, make_paged, poisoned_like, sim_device
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon_sm90.gluon is not None
+needs_sm90 = pytest.mark.skipif(not SM90, reason="the Gluon kernel needs an sm_90 GPU")
+CONFIG = TABLES["sm_90"].decode_ws_config(128)
+
+
+def test_only_sm90_has_a_warp_specialized_decode_config():
+    for arch, table in TABLES.items():
+        for head_dim in (64, 80, 128, 256):
+            for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                config = table.decode_ws_config(head_dim, dtype)
+                # head_dim 128 is where it was measured; the kernel itself also runs 64 (checked below on a GPU)
+                expected = arch == "sm_90" and head_dim == 128 and dtype != torch.float32
+                assert (config is not None) == expected, (arch, head_dim, dtype)
+                assert config is None or isinstance(config, WsDecodeConfig)
+
+
+def test_available_only_where_the_kernel_can_serve_the_model():
+    sm90 = sim_device((9, 0), sm_count=132)
+    cpu = DeviceInfo("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED)
+    assert decode_ws.available(sm90, 4, 16) == (gluon_sm90.gluon is not None)
+    assert not decode_ws.available(sim_device((8, 0)), 4, 16)
+    assert not decode_ws.available(cpu, 4, 16)
+    assert not decode_ws.available(sm90, 65, 16)  # more query heads per KV head than the 64 wgmma rows
+    assert not decode_ws.available(sm90, 4, 128)  # pages of 128 tokens: one TMA box per page holds 64 rows at most
+
+
+def test_supports_refuses_what_it_cannot_read():
+    q = torch.zeros(2, 8, 128, dtype=torch.float16, device=DEV)
+    cache = torch.zeros(4, 16, 2, 128, dtype=torch.float16, device=DEV)
+    assert decode_ws.supports(q, cache, cache, 0.0) == SM90
+    assert not decode_ws.supports(q, cache, cache, 30.0)  # softcap: the Triton kernel
+    strided_v = torch.zeros(4, 16, 2, 256, dtype=torch.float16, device=DEV)[..., :128]
+    assert not decode_ws.supports(q, cache, strided_v, 0.0)  # pages are read as rows of a contiguous cache
+    spread = torch.zeros(2, 8, 256, dtype=torch.float16, device=DEV)[..., :128]
+    assert not decode_ws.supports(spread, cache, cache, 0.0)  # heads not adjacent: no TMA box over them
+
+
+def _run(lens, page, q_heads, kv_heads, head_dim, dtype, window, splits, config, softcap=0.0, q=None):
+    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    if q is None:
+        q = torch.randn(len(lens), q_heads, head_dim, device=DEV).to(dtype)
+    out = poisoned_like(q)
+    decode.paged_decode_attention(
+        q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, window, splits, out, softcap, config=config
+    )
+    ref = reference.paged_decode_attention(
+        q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, head_dim**-0.5, window, None, None, softcap
+    )
+    return out, ref
+
+
+def test_a_ws_config_falls_back_to_the_triton_kernel_where_it_cannot_run():
+    """On CPU (and for a softcap anywhere) a WsDecodeConfig runs the Triton kernel with the same split count."""
+    out, ref = _run([1, 17, 40], 16, 8, 2, 64, torch.float16, None, 3, WsDecodeConfig(64, 4, 1), softcap=20.0)
+    assert_close(out, ref, torch.float16)
+
+
+LENS = [1, 15, 16, 17, 63, 64, 65, 129, 1000, 4097]
+RUNS = [(None, 1), (None, 3), (None, 32), (1, 1), (7, 2), (100, 4), (1000, 16)]  # (window, splits)
+
+
+@needs_sm90
+@pytest.mark.parametrize(
+    "page,q_heads,kv_heads,head_dim,dtype",
+    [
+        (16, 32, 8, 128, torch.float16),
+        (16, 32, 8, 128, torch.bfloat16),
+        (32, 8, 8, 128, torch.float16),  # MHA
+        (64, 28, 4, 128, torch.bfloat16),  # a group of 7
+        (16, 64, 1, 64, torch.float16),  # MQA, the full 64 rows; head_dim 64
+        (64, 32, 8, 64, torch.bfloat16),
+    ],
+    ids=str,
+)
+def test_ws_decode_matches_reference(page, q_heads, kv_heads, head_dim, dtype):
+    for window, splits in RUNS:
+        out, ref = _run(LENS, page, q_heads, kv_heads, head_dim, dtype, window, splits, CONFIG)
+        assert_close(out, ref, dtype)
+
+
+@needs_sm90
+@pytest.mark.parametrize("block_n,stages,page", [(32, 4, 64), (128, 2, 16), (64, 3, 32)], ids=str)
+def test_ws_decode_tile_shapes(block_n, stages, page):
+    """Tiles smaller than a page (a box per tile) and larger (a box per page)."""
+    for window, splits in RUNS[1:4]:
+        out, ref = _run(LENS, page, 32, 8, 128, torch.float16, window, splits, WsDecodeConfig(block_n, stages, 1))
+        assert_close(out, ref, torch.float16)
+
+
+@needs_sm90
+def test_ws_decode_reads_a_query_inside_a_fused_projection():
+    qkv = torch.randn(5, 32 + 2 * 8, 128, device=DEV, dtype=torch.float16)
+    out, ref = _run([5, 100, 300, 17, 64], 16, 32, 8, 128, torch.float16, None, 4, CONFIG, q=qkv[:, :32])
+    assert_close(out, ref, torch.float16)
+
+
+@needs_sm90
+def test_the_plan_runs_the_ws_kernel_on_a_small_batch():
+    """Without a config a one-wave call (one sequence, 8 KV heads) is planned onto the Gluon kernel."""
+    q = torch.zeros(1, 32, 128, dtype=torch.float16, device=DEV)
+    cache = torch.zeros(1, 16, 8, 128, dtype=torch.float16, device=DEV)
+    tables = torch.zeros(1, 256, dtype=torch.int32, device=DEV)
+    count, config = decode.decode_plan(q, cache, tables, device_for(q))
+    assert config == CONFIG and count > 1
+    out, ref = _run([4096], 16, 32, 8, 128, torch.float16, None, None, None)
+    assert_close(out, ref, torch.float16)
