@@ -21,7 +21,8 @@ Facts the tables rest on (per SM unless said otherwise):
   tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: 128-row
   prefill tiles for one warp group, two CTAs per SM, contiguous rows through TMA
   descriptors; decode wants many CTAs in flight (see splits.py), or, on a grid of
-  one wave, deeper pipelines (`decode_deep`).
+  one wave, deeper pipelines (`decode_deep`) or the warp-specialized Gluon
+  kernel (`decode_ws`).
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (M = 16 rows, the smallest tl.dot). Prefill
@@ -223,6 +224,10 @@ TABLES: dict[str, ArchTable] = {
         # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6).
         prefill_ws={64: W(128, 3), 128: W(128, 3)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4)},
+        # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM: 64-key tiles, 4 stages (144 KB).
+        # On the H200 (2026-11-30, 9 one-wave shapes x 5 tiles/stages x splits for 1-2 CTAs per SM) never slower
+        # than the deep Triton plan, 3-19% less time on the latency-bound ones (B=1 and B=8 at L=4k); only
+        # head_dim 128 was timed.
         decode_ws={128: WD(64, 4, 1)},
     ),
 }  # fmt: skip
