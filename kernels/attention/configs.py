@@ -224,11 +224,12 @@ TABLES: dict[str, ArchTable] = {
         # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6).
         prefill_ws={64: W(128, 3), 128: W(128, 3)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4)},
-        # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM: 64-key tiles, 4 stages (144 KB).
-        # On the H200 (2026-11-30, 9 one-wave shapes x 5 tiles/stages x splits for 1-2 CTAs per SM) never slower
-        # than the deep Triton plan, 3-19% less time on the latency-bound ones (B=1 and B=8 at L=4k); only
-        # head_dim 128 was timed.
-        decode_ws={128: WD(64, 4, 1)},
+        # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM, 4 stages. On the H200
+        # (2026-11-30; one-wave shapes x tiles x stages x splits for 1-2 CTAs per SM): at head_dim 128, 64-key tiles
+        # (144 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
+        # at L=4k); at head_dim 64, 128-key tiles (136 KB) 6-14% less time than the Triton kernel's plan on all 14
+        # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
+        decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1)},
     ),
 }  # fmt: skip
 

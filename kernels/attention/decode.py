@@ -9,7 +9,7 @@ rows of one tile (padded to 16, the smallest tl.dot), the split's share of the
 context is streamed in BLOCK_N-token chunks through the block table, and the
 result is either written directly (one split) or as an fp32 partial output plus
 its log-sum-exp (base 2), merged by `_reduce_kernel`. On sm_90, grids of one
-wave at head_dim 128 run the warp-specialized Gluon kernel of `decode_ws.py`
+wave at head_dim 64/128 run the warp-specialized Gluon kernel of `decode_ws.py`
 instead (`decode_plan` decides); it writes the same partials.
 
 Each sequence divides its own visible range [max(0, len - window), len) among
