@@ -213,12 +213,16 @@ TABLES: dict[str, ArchTable] = {
     # and came within 2% at 64k. Decode: 64 keys, 4 stages (one K/V tile loaded ahead, 39 KB) suits grids of many
     # CTAs (8 candidates x 4 shapes in benchmarks/attention.py --tune: best or within 1%). A grid of at most two
     # CTAs per SM streams better with two tiles ahead (6 stages, 72 KB): on the H200 (2026-11-30, 16 shapes x
-    # splits) it was 1-7% faster wherever each CTA still reads >= 128 keys, slower on grids of many CTAs.
+    # splits) it was 1-7% faster wherever each CTA still reads >= 128 keys, slower on grids of many CTAs. Decode at
+    # head_dim 64 takes 128-key tiles, the same 16 KB per K/V tile: on the H200 (2026-11-30, 7 candidates x 8
+    # shapes, B=8-128, L=512-8k, fp16) 3-20% less time than 64-key tiles at each one's own split count, best or
+    # within 1% of the best candidate on 7 of 8; the 8th (32 sequences x 8 KV heads, L=2k: one wave of two CTAs
+    # per SM) ran 36.4 instead of 39.7 us on 6 stages, its deep config.
     "sm_90": ArchTable(
         "sm_90", True, 4000.0, 227,
-        decode={64: D(64, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
+        decode={64: D(128, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3, True), 128: P(128, 64, 4, 2, True), 256: P(64, 64, 8, 2, True)},
-        decode_deep={128: D(64, 4, 6, 2)},
+        decode_deep={64: D(128, 4, 6, 2), 128: D(64, 4, 6, 2)},
         # warp-specialized prefill (prefill_ws.py): 128-key tiles in a 3-stage ring (225 KB at head_dim 128; 2
         # stages were 6-22% slower on the H200). With a sliding window, head_dim 128 takes 64-key tiles: the
         # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6).

@@ -93,6 +93,15 @@ def test_decode_every_arch_config_runs_here(arch):
     assert_close(out, ref, torch.float16)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_sm90_shallow_and_deep_configs_run_here(head_dim):
+    """sm_90's Triton decode configs at each head_dim it keys (on a GPU through their real pipelines)."""
+    device, table = sim_device(ARCHS["sm_90"]), TABLES["sm_90"]
+    for config in (table.decode_config(head_dim), table.decode_deep_config(head_dim)):
+        out, ref = _run(4, head_dim, torch.float16, 3, 16, device=device, config=config)
+        assert_close(out, ref, torch.float16)
+
+
 def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
     """On sm_90 a grid of one wave runs the Gluon kernel's config (one CTA per SM, where Gluon is there), else
     the deep Triton config (two CTAs per SM, splits reading >= 128 keys); a given split count keeps the config it
