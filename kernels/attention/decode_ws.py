@@ -1,8 +1,8 @@
 """Paged decode attention for sm_90 in Gluon: a TMA loader warp and one wgmma consumer warpgroup.
 
-Used on grids of one wave (few sequences and KV heads: small batches, the latency-bound case), where the Triton
-kernel of `decode.py` spends much of a call waiting on its chain of dependent loads (sequence length, block table,
-K/V). Here one warp does nothing but issue loads:
+Used on grids of one wave of it (at most one CTA per SM: small batches, where decode is bound by latency more
+than by bandwidth), where it measured faster than the Triton kernel of `decode.py` (the reasons with the sm_90
+table in `configs.py`). One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up each page of a
   BLOCK_N-key tile in the block table and issues one TMA box per page (or per tile, for pages larger than the
