@@ -172,29 +172,40 @@ def decode_plan(
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
-    sm_count = _sm_count(device)
-    ws = table.decode_ws_config(head_dim, q.dtype) if decode_ws.available(device, q_heads // kv_heads, page) else None
-    for one_wave in (ws, table.decode_deep_config(head_dim, q.dtype)):
-        if one_wave is not None:
-            count = split_model.deep_splits(units, max_context, sm_count, one_wave.ctas_per_sm)
-            if count is not None and num_splits in (None, count):
-                return count, one_wave
+    for one_wave in one_wave_configs(table, device, head_dim, q.dtype, q_heads // kv_heads, page):
+        count = split_model.deep_splits(units, max_context, _sm_count(device), one_wave.ctas_per_sm)
+        if count is not None and num_splits in (None, count):
+            return count, one_wave
     config = table.decode_config(head_dim, q.dtype)
     if num_splits is None:
-        num_splits = decode_splits(q, k_cache, block_tables, device, config)
+        num_splits = _wave_splits(q, k_cache, block_tables, device, table, config)
     return num_splits, config
 
 
-def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | None = None) -> int:
+def one_wave_configs(table, device, head_dim: int, dtype, group: int, page: int) -> list:
+    """The arch's configs for grids of one wave, in the order decode_plan tries them: the warp-specialized Gluon
+    kernel's (where decode_ws is available for this query group and page size), then the deep Triton config."""
+    ws = table.decode_ws_config(head_dim, dtype) if decode_ws.available(device, group, page) else None
+    return [c for c in (ws, table.decode_deep_config(head_dim, dtype)) if c is not None]
+
+
+def decode_splits(
+    q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig | None = None
+) -> int:  # fmt: skip
     """The split count for a decode call (decode_plan's); with `config`, the wave model's count for that config."""
     if config is None:
         return decode_plan(q, k_cache, block_tables, device)[0]
+    return _wave_splits(q, k_cache, block_tables, device, table_for(device), config)
+
+
+def _wave_splits(q, k_cache, block_tables, device, table, config) -> int:
+    """The wave model's split count (splits.choose_num_splits) for `config`."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
-        _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
+        _sm_count(device), config.ctas_per_sm, config.block_n, table.bandwidth_gbs,
     )  # fmt: skip
 
 
@@ -204,7 +215,7 @@ def _sm_count(device) -> int:
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
-    *, device=None, config: DecodeConfig | None = None,
+    *, device=None, config: DecodeConfig | WsDecodeConfig | None = None,
 ):  # fmt: skip
     """Paged decode; `device`/`config` override the arch table (tests run other archs' configs), else decode_plan
     picks the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel
@@ -218,7 +229,7 @@ def paged_decode_attention(
     if config is None:
         num_splits, config = decode_plan(q, k_cache, block_tables, device, num_splits)
     elif num_splits is None:
-        num_splits = decode_splits(q, k_cache, block_tables, device, config)
+        num_splits = _wave_splits(q, k_cache, block_tables, device, table, config)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
