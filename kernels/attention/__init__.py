@@ -1,7 +1,9 @@
 """Attention ops: paged decode (split-k), paged prefill/extend, varlen (vision), KV write.
 
-Each public function dispatches through `kernels.dispatch` to the Triton kernel
-or the torch reference (`reference.py`) for the tensor's device and dtype.
+Each public function dispatches through `kernels.dispatch` to our kernels (Triton;
+on sm_90 the Gluon kernels of `prefill_ws.py`/`decode_ws.py` where their configs
+and `supports` allow, else Triton) or the torch reference (`reference.py`) for
+the tensor's device and dtype. A forced `triton` backend means these kernels.
 Signatures and shapes: docs/INTERFACES.md.
 """
 

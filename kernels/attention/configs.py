@@ -18,14 +18,17 @@ Facts the tables rest on (per SM unless said otherwise):
   per SM (99 KB per block): 2-stage prefill with 64-row tiles for head_dim 128;
   3-stage decode (see the table).
 - sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
-  tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: 128-row
-  prefill tiles for one warp group, two CTAs per SM, contiguous rows through TMA
-  descriptors; decode wants many CTAs in flight (see splits.py), or, on a grid of
-  one wave, deeper pipelines (`decode_deep`) or the warp-specialized Gluon
-  kernel (`decode_ws`).
+  tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: the Triton
+  prefill takes 128-row tiles for one warp group, two CTAs per SM, contiguous
+  rows through TMA descriptors; at head_dim 64/128 in fp16/bf16 the
+  warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
+  per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
+  on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
+  Gluon kernel (`decode_ws`).
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
-packed query heads of one KV head (M = 16 rows, the smallest tl.dot). Prefill
+packed query heads of one KV head (M = 16 rows in Triton, the smallest tl.dot;
+64 in the Gluon kernel, wgmma's). Prefill
 is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
 """
 

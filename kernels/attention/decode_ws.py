@@ -7,8 +7,8 @@ table in `configs.py`). One warp does nothing but issue loads:
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up each page of a
   BLOCK_N-key tile in the block table and issues one TMA box per page (or per tile, for pages larger than the
   tile) into a ring of STAGES K and V buffers (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is
-  done with a stage). It loads the query group's rows once, padded to 64 rows by a 3-D box (rows past the
-  heads are zeros).
+  done with a stage). It loads the query group's rows once as a 64-row 3-D box: past the group come the next
+  KV heads' query rows (computed, not stored), past the last head zeros.
 - The consumer warpgroup computes S = Q K^T with wgmma (the query heads sharing the KV head are the rows; 64
   is wgmma's smallest M, so a group of 4 uses 4 of them), the online softmax in registers, and O += P V with
   P from registers.
@@ -19,8 +19,9 @@ table in `configs.py`). One warp does nothing but issue loads:
 Rows of a tile past the sequence's end are loaded (the last page's stale rows: the engine's cache is
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.
 
-Scope (`supports` and the sm_90 table's `decode_ws` decide): sm_90, fp16/bf16, head_dim 64/128 (the table's keys),
-query groups of at most 64 heads, pages of 16/32/64 tokens in contiguous caches, no softcap.
+Scope (the sm_90 table's `decode_ws` and `available` decide when planning, `supports` at the call): sm_90,
+fp16/bf16, head_dim 64/128 (the table's keys), query groups of at most 64 heads, pages of 16/32/64 tokens in
+contiguous caches, no softcap.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 
 from kernels.attention.gluon_sm90 import (
     LOG2E,
+    TMA_PAGES,
     TensorDescriptor,
     gl,
     gl_dtype,
@@ -54,7 +56,7 @@ def available(device, group: int, page: int) -> bool:
         and device.capability is not None
         and device.capability[0] == 9
         and group <= ROWS
-        and page in (16, 32, 64)
+        and page in TMA_PAGES
     )
 
 
@@ -67,10 +69,7 @@ def supports(q, k_cache, v_cache, softcap) -> bool:
         return False
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and tma_rows_ok(k_cache) and tma_rows_ok(v_cache)):
         return False
-    item = q.element_size()
-    return (
-        q.stride(-1) == 1 and q.stride(1) == q.shape[-1] and (q.stride(0) * item) % 16 == 0 and q.data_ptr() % 16 == 0
-    )
+    return tma_rows_ok(q)
 
 
 if gluon is not None:

@@ -31,6 +31,7 @@ if not gluon_usable(triton.__version__):
     gluon = None
 
 LOG2E = 1.4426950408889634
+TMA_PAGES = (16, 32, 64)  # page sizes the Gluon kernels read as TMA boxes (a box holds at most 64 rows here)
 
 
 def tma_rows_ok(t) -> bool:

@@ -28,14 +28,13 @@ import triton.language as tl
 from kernels.attention import launch_order, prefill_ws
 from kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtype, table_for
 from kernels.attention.decode import _tanh
+from kernels.attention.gluon_sm90 import LOG2E, tma_rows_ok
 from kernels.device import device_for
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # triton < 3.4: no host tensor descriptors, pointer loads only
     TensorDescriptor = None
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -225,8 +224,7 @@ def _prefill_kernel(
 def _descriptor(t, block_rows, block_d):
     """A 2-D TMA descriptor over [tokens, heads * head_dim] of a [tokens, heads, head_dim] tensor, or None."""
     tokens, heads, head_dim = t.shape
-    item = t.element_size()
-    if t.stride(1) != head_dim or (t.stride(0) * item) % 16 or t.data_ptr() % 16 or (heads * head_dim * item) % 16:
+    if not tma_rows_ok(t) or (heads * head_dim * t.element_size()) % 16:
         return None
     return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(0), 1], [block_rows, block_d])
 

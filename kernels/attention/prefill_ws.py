@@ -15,7 +15,7 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
   the tile's rows. The chunk's own keys are contiguous rows of k/v (what the engine just wrote), one TMA box
   per tile. Rows past a sequence's end are loaded (the next sequence's rows, or zeros) and masked.
 - Registers: consumers get 240 per thread (setmaxnreg), the loader 24; 12 warps, one CTA per SM
-  (shared memory: Q 32 KB + STAGES x 64 KB at head_dim 128).
+  (shared memory at head_dim 128: Q 32 KB + STAGES x BLOCK_N / 2 KB, e.g. 3 x 64 KB for 128-key tiles).
 
 Scope (`prefill.ws_plan` decides, with `supports`): sm_90, fp16/bf16, head_dim 64 or 128, causal (with or without a
 sliding window) or non-causal, no softcap; pages of 16/32/64 tokens. With a window, a CTA skips the key tiles
@@ -30,6 +30,7 @@ import triton
 from kernels.attention import launch_order
 from kernels.attention.gluon_sm90 import (
     LOG2E,
+    TMA_PAGES,
     gl,
     gl_dtype,
     gluon,
@@ -53,7 +54,7 @@ def supports(q, k, v, k_cache, v_cache, softcap) -> bool:
     if k is None or (softcap and softcap > 0):
         return False
     caches = () if k_cache is None else (k_cache, v_cache)
-    if any(c.shape[1] not in (16, 32, 64) or not c.is_contiguous() for c in caches):  # pages flattened to rows
+    if any(c.shape[1] not in TMA_PAGES or not c.is_contiguous() for c in caches):  # pages flattened to rows
         return False
     return all(tma_rows_ok(t) for t in (q, k, v, *caches))
 

@@ -28,13 +28,14 @@ the upper end of its length bucket (or max_model_len) and the kernel divides
 each sequence's own length (read on the device) among that many splits, so a
 too-large count costs only some empty CTAs, never correctness.
 
-A second, simpler rule picks a deeper pipeline (the arch's `decode_deep` config:
-more K/V tiles loaded ahead per CTA, so fewer CTAs per SM) when the whole grid
-fits one wave of it: with units = batch * kv_heads <= slots = sm_count *
-ctas_per_sm, the split count is the largest power of two <= slots // units (a
-power of two keeps every split's 64-key chunks whole and the reduce's tile
-tight: 33 splits of 32k keys ran 3% slower than 32), and the rule applies only
-if each split still reads DEEP_MIN_TOKENS keys. Measured on the H200
+A second, simpler rule picks a one-wave config (the arch's `decode_ws` Gluon
+kernel, one CTA per SM, or its `decode_deep` Triton config: more K/V tiles loaded
+ahead per CTA, so fewer CTAs per SM) when the whole grid fits one wave of it:
+with units = batch * kv_heads <= slots = sm_count * ctas_per_sm, the split count
+is the largest power of two <= slots // units (a power of two keeps every
+split's tiles whole and the reduce's tile tight: 33 splits of 32k keys ran 3%
+slower than 32), and the rule applies only if each split still reads
+DEEP_MIN_TOKENS keys. Measured on the H200 for the deep config
 (2026-11-30, 16 shapes x two configs x splits 1..64): 1-7% faster than the
 shallow config's best split where it applies (B=32 L=2k, 8 KV heads: 65.1 vs
 69.7 us; B=1 L=4k: 12.5 vs 12.8), while grids of several waves and splits of
@@ -53,7 +54,7 @@ SAT_CTAS_PER_SM = 3  # CTAs per SM needed to saturate HBM with 3-stage decode pi
 T0_US = 1.0  # per-wave prologue/epilogue latency (block-table, q and seq_len loads; partial write)
 T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
 TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
-DEEP_MIN_TOKENS = 128  # keys a split must read for the deep pipeline to pay: two 64-key chunks
+DEEP_MIN_TOKENS = 128  # keys a split must read for a one-wave config to pay (two 64-key tiles at head_dim 128)
 
 
 def modelled_time_us(
@@ -93,7 +94,7 @@ def choose_num_splits(
 
 
 def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, max_splits: int = MAX_SPLITS):
-    """Split count for the deep-pipeline config (one wave of sm_count * ctas_per_sm CTAs), or None where the
+    """Split count for a one-wave config (one wave of sm_count * ctas_per_sm CTAs), or None where the
     rule does not apply: more (sequence, KV head) units than the wave holds, or splits shorter than
     DEEP_MIN_TOKENS keys. See the module docstring."""
     slots = sm_count * ctas_per_sm
@@ -104,5 +105,5 @@ def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, m
 
 
 def in_one_deep_wave(units: int, splits: int, max_context: int, sm_count: int, ctas_per_sm: int) -> bool:
-    """Whether a grid of units * splits CTAs suits the deep config: one wave, each split >= DEEP_MIN_TOKENS keys."""
+    """Whether a grid of units * splits CTAs suits a one-wave config: one wave, each split >= DEEP_MIN_TOKENS keys."""
     return units * splits <= sm_count * ctas_per_sm and max_context >= splits * DEEP_MIN_TOKENS
