@@ -5,12 +5,14 @@
 
 Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16,
 shuffled blocks); the heuristic's config and split count against fixed split counts
-for each of the arch's decode configs, timed as CUDA-graph replays of at least 16 calls over enough KV
+for each of the arch's decode configs (the Triton config, the deep one-wave config and, on sm_90, the
+warp-specialized Gluon kernel's: `gluon blk/stages`), timed as CUDA-graph replays of at least 16 calls over enough KV
 copies to defeat the L2 (>= 256 MB per replay), against SDPA on contiguous KV and the device-to-device
 copy bandwidth measured in the same run. Prefill: causal, heads 32/8, head_dim 128,
 TFLOP/s against SDPA (K/V expanded to 32 heads) for fresh sequences, on the engine's
 path (the chunk's own K/V rows; the dispatch's kernel and the Triton kernel) and with every
-key from the pages; plus chunks after a cached prefix. The decode grid takes ~4 minutes on an H200 (Triton cache warm).
+key from the pages; plus chunks after a cached prefix. The decode grid took ~1 minute on an H200 (2026-11-30, three
+configs x 7 split counts per row, compiled kernels cached).
 Writes attention_<device>.json and .md under --out and prints the tables.
 """
 
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.report import save_results
-from kernels.attention import decode, decode_ws, prefill
+from kernels.attention import decode, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, WsDecodeConfig, table_for
 from kernels.device import get_device_info
@@ -110,7 +112,8 @@ def decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config):
 
 
 def tune_decode(device):
-    """Pick the sm_90 decode config (block_n, warps, stages) by the sum of times normalised per shape."""
+    """Pick the sm_90 Triton decode config (block_n, warps, stages) by the sum of times normalised per shape; the
+    run then forces it on every row (no deep or Gluon one-wave config)."""
     shapes = [(32, 8, 1, 32768, 64), (32, 32, 128, 2048, 1), (32, 8, 32, 2048, 2), (32, 32, 1, 4096, 16)]
     grid = [(64, 4, 3), (64, 4, 4), (64, 4, 6), (64, 4, 8), (128, 4, 3), (128, 8, 3), (32, 4, 4), (32, 4, 8)]
     cands = [DecodeConfig(n, w, st, 4) for n, w, st in grid]
@@ -149,8 +152,9 @@ def prefill_inputs(dtype, batch, length, prefix=0):
 
 
 def tune_prefill(device):
-    """Pick the sm_90 prefill config on the engine's path (fresh rows through TMA) at L=16k, fp16 (one shape: confirm
-    a new pick at 4k and 64k too, as the 2026-11-30 choice of 128x64/4 warps/2 stages was)."""
+    """Pick the sm_90 Triton prefill config on the engine's path (fresh rows through TMA) at L=16k, fp16 (one shape:
+    confirm a new pick at 4k and 64k too, as the 2026-11-30 choice of 128x64/4 warps/2 stages was). The run then
+    forces it on every row, so the warp-specialized Gluon prefill does not run."""
     cands = [PrefillConfig(*c, tma=True) for c in
              [(128, 64, 4, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4),
               (128, 64, 4, 3), (128, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4)]]  # fmt: skip
@@ -201,16 +205,16 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     table = table_for(device)
     if config is None:
         heur, chosen = decode.decode_plan(q, k_cache, perm[0], device)
-        candidates = [table.decode_config(head_dim, dtype), table.decode_deep_config(head_dim, dtype)]
-        if decode_ws.available(device, q_heads // kv_heads, PAGE):
-            candidates.append(table.decode_ws_config(head_dim, dtype))
+        group = q_heads // kv_heads
+        candidates = [table.decode_config(head_dim, dtype)]
+        candidates += reversed(decode.one_wave_configs(table, device, head_dim, dtype, group, PAGE))
     else:
         heur, chosen, candidates = decode.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
     row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
     row["ours_us"] = graph_time_us(ours(heur, chosen))
     row["sweep_us"] = {}
-    for c in filter(None, candidates):
+    for c in candidates:
         for s in sweep:
             if s <= split_model.MAX_SPLITS and s <= max(1, ctx // 64):
                 same = s == heur and c == chosen
@@ -231,7 +235,8 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
 
 def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     """Causal prefill of the last length - prefix tokens: the engine's path (the chunk's keys from its own rows,
-    the prefix from pages), every key from the pages, and (fresh sequences) SDPA on contiguous K/V."""
+    the prefix from pages) on the dispatch's kernel and, where that is the Gluon kernel, on the Triton kernel;
+    every key from the pages (Triton); and (fresh sequences) SDPA on contiguous K/V."""
     q_heads, head_dim = 32, 128
     q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, k_all, v_all = prefill_inputs(dtype, batch, length, prefix)
     q_len, scale = length - prefix, head_dim**-0.5
@@ -305,8 +310,8 @@ def markdown(res):
         f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}); "
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
-        "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | best fixed us | SDPA us "
-        "| speedup vs SDPA | ours BW frac | SDPA BW frac |",
+        "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | best fixed (config, splits) us "
+        "| SDPA us | speedup vs SDPA | ours BW frac | SDPA BW frac |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in res["decode"]:
@@ -351,7 +356,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
-    parser.add_argument("--tune", action="store_true", help="first pick the decode/prefill configs by a sweep")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="first pick the Triton decode/prefill configs by a sweep and run every row with them (no "
+        "deep or Gluon decode config, no warp-specialized prefill)",
+    )
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
     only.add_argument("--decode-only", action="store_true", help="skip the prefill shapes")
@@ -360,14 +370,13 @@ def main():
     )
     args = parser.parse_args()
     device = get_device_info()
+    table = table_for(device)
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-           "decode_config": str(table_for(device).decode_config(128)),
-           "decode_deep_config": str(table_for(device).decode_deep_config(128)),
-           "decode_ws_config": str(table_for(device).decode_ws_config(128)),
-           "prefill_config": str(table_for(device).prefill_config(128)),
-           "prefill_ws_config": str(table_for(device).prefill_ws_config(128))}  # fmt: skip
+           "decode_config": str(table.decode_config(128)), "decode_deep_config": str(table.decode_deep_config(128)),
+           "decode_ws_config": str(table.decode_ws_config(128)), "prefill_config": str(table.prefill_config(128)),
+           "prefill_ws_config": str(table.prefill_ws_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
     if args.tune and not args.prefill_only:
