@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
+from kernels.attention import gluon_sm90
 from kernels.device import DeviceInfo, TritonMode
 
 ON_GPU = torch.cuda.is_available()
 DEV = torch.device("cuda" if ON_GPU else "cpu")
+# the Gluon kernels (prefill_ws, decode_ws) run on an sm_90 GPU only: Gluon has no interpreter
+SM90 = ON_GPU and torch.cuda.get_device_capability()[0] == 9 and gluon_sm90.gluon is not None
+needs_sm90 = pytest.mark.skipif(not SM90, reason="the Gluon kernels need an sm_90 GPU")
 # the Triton 3.x interpreter computes tl.dot on bf16 operands wrongly: bf16 kernels are checked on a GPU only
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if ON_GPU else [])
 

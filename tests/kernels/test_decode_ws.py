@@ -9,10 +9,8 @@ import torch
 from kernels.attention import decode, decode_ws, gluon_sm90, reference
 from kernels.attention.configs import TABLES, WsDecodeConfig
 from kernels.device import DeviceInfo, TritonMode, device_for
-from tests.kernels.attention_helpers import DEV, assert_close, make_paged, poisoned_like, sim_device
+from tests.kernels.attention_helpers import DEV, SM90, assert_close, make_paged, needs_sm90, poisoned_like, sim_device
 
-SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon_sm90.gluon is not None
-needs_sm90 = pytest.mark.skipif(not SM90, reason="the Gluon kernel needs an sm_90 GPU")
 CONFIG = TABLES["sm_90"].decode_ws_config(128)
 
 

@@ -6,12 +6,9 @@ everywhere."""
 import pytest
 import torch
 
-from kernels.attention import gluon_sm90, prefill, reference, varlen
+from kernels.attention import prefill, reference, varlen
 from kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
-from tests.kernels.attention_helpers import DEV, assert_close, make_paged, poisoned_like
-
-SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon_sm90.gluon is not None
-needs_sm90 = pytest.mark.skipif(not SM90, reason="the Gluon kernel needs an sm_90 GPU")
+from tests.kernels.attention_helpers import DEV, SM90, assert_close, make_paged, needs_sm90, poisoned_like
 
 
 def test_only_sm90_has_a_warp_specialized_config():
@@ -23,16 +20,6 @@ def test_only_sm90_has_a_warp_specialized_config():
                     expected = arch == "sm_90" and head_dim in (64, 128) and dtype != torch.float32
                     assert (config is not None) == expected, (arch, head_dim, dtype, window)
                     assert config is None or isinstance(config, WsPrefillConfig)
-
-
-def test_gluon_needs_triton_3_6():
-    assert not gluon_sm90.gluon_usable("3.5.0")
-    assert (
-        gluon_sm90.gluon_usable("3.6.0")
-        and gluon_sm90.gluon_usable("3.8.0+git1a2b3c")
-        and gluon_sm90.gluon_usable("4.0")
-    )
-    assert not gluon_sm90.gluon_usable("2.3.1")
 
 
 def test_ws_plan_keeps_triton_outside_the_kernels_scope():
