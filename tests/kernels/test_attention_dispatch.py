@@ -89,12 +89,8 @@ def test_public_decode_follows_the_forced_backend(backend):
     k_cache, v_cache, tables = make_paged([3, 20], 16, 2, 64, torch.float32)
     q = torch.randn(2, 4, 64, device=DEV)
     lens = torch.tensor([3, 20], dtype=torch.int32, device=DEV)
-    before = settings.get_backend()
-    settings.set_backend(backend)
-    try:
+    with settings.forced(backend):
         out = attention.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, num_splits=2)
-    finally:
-        settings.set_backend(before)
     ref = attention.reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 

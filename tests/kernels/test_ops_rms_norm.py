@@ -54,12 +54,9 @@ def test_reference_matches_transformers(dtype):
 
 def test_public_function_dispatches_to_forced_backend():
     x, w = torch.randn(2, 16, device=DEV), torch.rand(16, device=DEV)
-    try:
-        settings.set_backend("triton")
+    with settings.forced("triton"):
         assert dispatch.choose(OP, torch.float32) == "triton"
         got = rms_norm(x, w, 1e-6, residual=x)
-    finally:
-        settings.set_backend("auto")
     torch.testing.assert_close(got[0], rms_norm_reference(x, w, 1e-6, x)[0], rtol=1e-5, atol=1e-5)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from kernels import settings
 from llm.engine.context import AttentionMetadata, use_context
+from llm.engine.transfer import padded_rows
 from llm.layers.attention import Attention
 
 
@@ -29,7 +30,6 @@ def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: in
         tables.append(table)
         slots += [table[p // bs] * bs + p % bs for p in range(n - q_len, n)]
         cu.append(cu[-1] + q_len)
-    width = max(map(len, tables))
     tokens = cu[-1]
     q = torch.randn(tokens, heads, dim, generator=g)
     k = torch.randn(tokens, kv_heads, dim, generator=g)
@@ -37,7 +37,7 @@ def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: in
     meta = AttentionMetadata(
         is_prefill=True,
         slot_mapping=torch.tensor(slots),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        block_tables=torch.from_numpy(padded_rows(tables)),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
         max_seqlen_q=max(q_lens),
@@ -50,13 +50,8 @@ def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: in
 def _run(attn, meta, q, k, v, backend):
     cache = tuple(c.clone() for c in attn.kv_cache)
     attn.kv_cache = cache
-    previous = settings.get_backend()
-    settings.set_backend(backend)
-    try:
-        with use_context(meta):
-            return attn(q, k, v)
-    finally:
-        settings.set_backend(previous)
+    with settings.forced(backend), use_context(meta):
+        return attn(q, k, v)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
