@@ -191,10 +191,3 @@ def _reason(exc: BaseException) -> str:
     if "cannot identify image file" in text:
         return "unknown or unsupported format; send PNG, JPEG, GIF, WebP, BMP or TIFF"
     return text[:120] or type(exc).__name__
-
-
-def encode_data_url(image: Image.Image) -> str:
-    """A PNG data: URL for `image` (used by clients)."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")

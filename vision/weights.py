@@ -8,9 +8,6 @@ with `llm.weights.load_tensors`, the engine's own loader.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from llm.layers.linear import copy_weight
 from llm.weights import ALL_SHARDS, WeightRule
 
@@ -24,13 +21,9 @@ FUSED_RULES = [
 ]
 
 
-def whole(param: nn.Parameter, tensor: torch.Tensor) -> None:
-    """Loader for a checkpoint tensor that already holds every piece of a fused parameter."""
-    copy_weight(param, tensor)
-
-
 def packed_rule(pattern: str, replacement: str) -> WeightRule:
-    return WeightRule(pattern, replacement, shard=ALL_SHARDS, loader=whole)
+    """A rule for a checkpoint tensor that already holds every piece of a fused parameter: copied whole."""
+    return WeightRule(pattern, replacement, shard=ALL_SHARDS, loader=copy_weight)
 
 
 def drop_layers_rule(prefix: str, first_unused: int, total: int) -> list[WeightRule]:

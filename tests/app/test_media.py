@@ -12,7 +12,7 @@ from PIL import Image
 from app.errors import ForbiddenMediaError, MediaError
 from app.media import load_image
 from app.settings import MediaLimits
-from tests.images import data_url, encode, png_claiming
+from tests.images import animated_gif, data_url, encode, png_claiming
 
 LIMITS = MediaLimits()
 RED = Image.new("RGB", (6, 4), (255, 0, 0))
@@ -53,8 +53,7 @@ def test_size_limit_in_bytes():
 
 
 def test_animated_gif_gives_first_frame():
-    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
-    gif = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    gif = animated_gif()  # three frames, the first red
     assert Image.open(io.BytesIO(gif)).n_frames == 3
     out = load_image(gif, LIMITS)
     assert out.mode == "RGB" and out.getpixel((3, 3)) == (255, 0, 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from llm.engine.context import AttentionMetadata, use_context
+from llm.engine.transfer import padded_rows
 from llm.layers.attention import Attention
 from tests.llm.tiny import rel_err
 
@@ -45,14 +46,12 @@ class PagedCache:
             positions += range(start, start + len(new_ids))
             slots += self._slots(seq_id, len(new_ids))
             cu.append(cu[-1] + len(new_ids))
-        width = max(len(self.tables[s]) for s, _ in batch)
-        tables = [self.tables[s] + [0] * (width - len(self.tables[s])) for s, _ in batch]
         seq_lens = [self.lens[s] for s, _ in batch]
         is_prefill = any(len(ids) > 1 for _, ids in batch)
         meta = AttentionMetadata(
             is_prefill=is_prefill,
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=torch.tensor(tables, dtype=torch.int32),
+            block_tables=torch.from_numpy(padded_rows([self.tables[s] for s, _ in batch])),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
             max_seqlen_q=max(len(ids) for _, ids in batch),
