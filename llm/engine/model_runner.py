@@ -170,7 +170,10 @@ class ModelRunner:
 
     def decode_splits(self, batch: int) -> int | None:
         """Split-k count of decode attention for a batch: the kernel's heuristic at the batch's graph
-        bucket and max_model_len, so eager and graph decode compute alike. None on CPU (unused there)."""
+        bucket and max_model_len, so eager and graph decode split alike. The kernel re-derives its config
+        from this count and the block table it is given: on sm_90 an eager step's narrower table can make
+        a one-wave config's splits too short, and the same count then runs the Triton config (the same
+        result up to rounding). None on CPU (unused there)."""
         if self.device.type != "cuda":
             return None
         bucket = next((b for b in self.buckets if b >= batch), batch)
