@@ -217,9 +217,10 @@ def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     *, device=None, config: DecodeConfig | WsDecodeConfig | None = None,
 ):  # fmt: skip
-    """Paged decode; `device`/`config` override the arch table (tests run other archs' configs), else decode_plan
-    picks the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel
-    where `decode_ws.supports` the call, else the arch's Triton config with the same split count."""
+    """Paged decode; `device` overrides the arch table (tests run other archs' configs) and `config` the plan's
+    config (the engine passes the one its split count was planned with; tests pick one), else decode_plan picks
+    the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel where
+    `decode_ws.available` and `supports` the call, else the arch's Triton config with the same split count."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     device = device or device_for(q)
@@ -233,7 +234,9 @@ def paged_decode_attention(
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
-    if isinstance(config, WsDecodeConfig) and not decode_ws.supports(q, k_cache, v_cache, softcap):
+    if isinstance(config, WsDecodeConfig) and not (
+        decode_ws.available(device, group, page) and decode_ws.supports(q, k_cache, v_cache, softcap)
+    ):
         config = table.decode_config(head_dim, q.dtype)
     if out is None:
         out = torch.empty_like(q)

@@ -68,9 +68,10 @@ def _visible(q_pos, k_pos, kv_len, causal, sliding_window):
 
 
 def paged_decode_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0
-):
-    """One query token per sequence against its paged K/V (num_splits is ignored here)."""
+    q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
+    *, config=None,
+):  # fmt: skip
+    """One query token per sequence against its paged K/V (num_splits and the kernel config are ignored here)."""
     # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
     batch, q_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape

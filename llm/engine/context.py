@@ -19,7 +19,7 @@ Two kinds of step:
   `paged_decode_attention` (split-k over their KV) and the rest through
   `paged_prefill_attention` (whose query tiles would be 1/16 full for a decode row).
 - decode (`is_prefill=False`): every sequence brings exactly one token.
-  Uses `seq_lens`, `block_tables`, `num_splits` through `paged_decode_attention`.
+  Uses `seq_lens`, `block_tables`, `num_splits`, `decode_config` through `paged_decode_attention`.
 
 In both, the new tokens' K/V are first written into the paged cache at
 `slot_mapping`.
@@ -50,6 +50,8 @@ class AttentionMetadata:
         context_lens: [batch] int32, tokens already in the cache before this step (seq_lens - new tokens).
         num_splits: split-k count of the decode rows (all rows of a decode step, the leading one-token rows of
             a mixed step); None lets the kernel choose (fix it under CUDA graphs).
+        decode_config: the kernel config `num_splits` was planned for (kernels.attention.decode.decode_plan);
+            None lets the kernel derive it from the split count and the block table.
         num_decode_seqs: in a prefill step, how many leading sequences bring exactly one token.
     """
 
@@ -62,6 +64,7 @@ class AttentionMetadata:
     max_seqlen_k: int = 0
     context_lens: torch.Tensor | None = None
     num_splits: int | None = None
+    decode_config: object | None = None
     num_decode_seqs: int = 0
     # derived in __post_init__ for a mixed step: the prefill sequences' cu_seqlens_q (rebased to 0), seq_lens
     # and block tables, as fresh tensors: a slice at an odd row would give the kernels a pointer of another

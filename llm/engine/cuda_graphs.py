@@ -5,8 +5,8 @@ replays them with one launch. Every graph reads the same static input buffers
 (ids, positions, slots, seq_lens, block tables sized for max_model_len) and writes
 one static output; a step copies its batch into the first rows, pads the rest
 (slot -1: no K/V write; seq_len 0: no key attended) and replays the graph of the
-smallest bucket that holds it. The split-k count of decode attention is fixed per
-bucket at capture (the runner's `decode_splits`, which eager decode uses too).
+smallest bucket that holds it. The split-k count and kernel config of decode attention are fixed per
+bucket at capture (the runner's `decode_plan`, which eager decode uses too).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class DecodeGraphs:
         buckets: list[int],
         max_blocks: int,
         uses_mrope: bool,
-        num_splits: Callable[[int], int | None],
+        decode_plan: Callable[[int], tuple],
     ) -> DecodeGraphs | None:
         """Capture one graph per batch bucket; None (eager decoding) if the model cannot be captured."""
         max_batch = buckets[-1]
@@ -59,7 +59,7 @@ class DecodeGraphs:
         pool = None
         try:
             for bs in reversed(buckets):
-                meta = cls._metadata(buf, bs, num_splits(bs))
+                meta = cls._metadata(buf, bs, *decode_plan(bs))
                 pos = buf["positions"][..., :bs]
                 with use_context(meta):
                     model(buf["input_ids"][:bs], pos)  # warm-up outside the graph (autotuning, lazy init)
@@ -77,7 +77,7 @@ class DecodeGraphs:
         return cls(buckets, graphs, buf)
 
     @staticmethod
-    def _metadata(buf: dict, bs: int, num_splits: int | None) -> AttentionMetadata:
+    def _metadata(buf: dict, bs: int, num_splits: int | None, decode_config) -> AttentionMetadata:
         return AttentionMetadata(
             is_prefill=False,
             slot_mapping=buf["slot_mapping"][:bs],
@@ -85,6 +85,7 @@ class DecodeGraphs:
             seq_lens=buf["seq_lens"][:bs],
             max_seqlen_q=1,
             num_splits=num_splits,
+            decode_config=decode_config,
         )
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

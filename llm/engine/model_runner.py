@@ -87,7 +87,7 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.max_blocks = math.ceil(max_model_len / self.block_size)
         self.buckets = batch_buckets(min(config.scheduler.max_num_seqs, 512))
-        self._splits: dict[int, int | None] = {}
+        self._plans: dict[int, tuple] = {}  # batch bucket -> decode_plan
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs.capture(
@@ -96,7 +96,7 @@ class ModelRunner:
                 self.buckets,
                 round_up(self.max_blocks, TABLE_WIDTH_MULTIPLE),  # the widest table padded_rows builds
                 self.uses_mrope,
-                self.decode_splits,
+                self.decode_plan,
             )
         if self.device.type == "cuda":
             self._compile_step_kernels()
@@ -168,23 +168,22 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------
 
-    def decode_splits(self, batch: int) -> int | None:
-        """Split-k count of decode attention for a batch: the kernel's heuristic at the batch's graph
-        bucket and max_model_len, so eager and graph decode split alike. The kernel re-derives its config
-        from this count and the block table it is given: on sm_90 an eager step's narrower table can make
-        a one-wave config's splits too short, and the same count then runs the Triton config (the same
-        result up to rounding). None on CPU (unused there)."""
+    def decode_plan(self, batch: int) -> tuple[int | None, object | None]:
+        """(split count, kernel config) of decode attention for a batch: the kernel's plan at the batch's graph
+        bucket and max_model_len, so eager and graph decode split alike and run the config the count was planned
+        for (an eager step's narrower block table would otherwise re-plan and may move a one-wave count onto
+        the Triton config). (None, None) on CPU (unused there)."""
         if self.device.type != "cuda":
-            return None
+            return None, None
         bucket = next((b for b in self.buckets if b >= batch), batch)
-        if bucket not in self._splits:
-            from kernels.attention.decode import decode_splits
+        if bucket not in self._plans:
+            from kernels.attention.decode import decode_plan
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             q = torch.empty(bucket, attn.num_heads, attn.head_dim, dtype=self.dtype, device="meta")
             tables = torch.empty(bucket, self.max_blocks, dtype=torch.int32, device="meta")
-            self._splits[bucket] = decode_splits(q, k_cache, tables, device_for(k_cache))
-        return self._splits[bucket]
+            self._plans[bucket] = decode_plan(q, k_cache, tables, device_for(k_cache))
+        return self._plans[bucket]
 
     def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:
         if not self.uses_mrope:
@@ -232,6 +231,7 @@ class ModelRunner:
         is_prefill = max_q > 1
         num_decode = _leading_one_token_seqs(seqs) if is_prefill else 0
         decode_rows = num_decode if is_prefill else len(seqs)  # the rows that run on the split-k decode kernel
+        plan = self.decode_plan(decode_rows) if decode_rows else (None, None)
         meta = AttentionMetadata(
             is_prefill=is_prefill,
             slot_mapping=to_device(slots, torch.long, dev),
@@ -241,8 +241,9 @@ class ModelRunner:
             max_seqlen_q=max_q,
             max_seqlen_k=max(seq_lens),
             context_lens=to_device(context_lens, torch.int32, dev),
-            # decode rows of a mixed step split like a decode step of their count (one heuristic call per step)
-            num_splits=self.decode_splits(decode_rows) if decode_rows else None,
+            # decode rows of a mixed step split like a decode step of their count (one plan lookup per step)
+            num_splits=plan[0],
+            decode_config=plan[1],
             num_decode_seqs=num_decode,
         )
         ids = to_device(input_ids, torch.long, dev)

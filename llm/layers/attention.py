@@ -67,6 +67,7 @@ class Attention(nn.Module):
         return paged_decode_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap,
+            config=ctx.decode_config,
         )  # fmt: skip
 
     def _mixed(self, q, k, v, k_cache, v_cache, ctx) -> torch.Tensor:
@@ -77,6 +78,7 @@ class Attention(nn.Module):
         paged_decode_attention(
             q[:nd], k_cache, v_cache, ctx.block_tables[:nd], ctx.seq_lens[:nd], self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap, out=out[:nd],
+            config=ctx.decode_config,
         )  # fmt: skip
         out[nd:] = paged_prefill_attention(
             q[nd:], k_cache, v_cache, ctx.prefill_block_tables, ctx.prefill_cu_seqlens_q, ctx.prefill_seq_lens,

@@ -8,6 +8,8 @@ out by hand, for plain, sliding-window and soft-capped attention with GQA.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,6 +80,38 @@ def test_paged_attention_steps_match_naive(sliding_window, softcap):
     torch.testing.assert_close(out_chunk1, ref_a[:6], atol=ATOL, rtol=0)
     torch.testing.assert_close(out_mixed, torch.cat([ref_a[6:13], ref_b[:8]]), atol=ATOL, rtol=0)
     torch.testing.assert_close(out_decode, torch.stack([ref_a[13], ref_b[8]]), atol=ATOL, rtol=0)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors: the Triton interpreter")
+def test_a_decode_step_runs_the_kernel_config_of_its_metadata(monkeypatch):
+    """The engine plans (split count, config) once per batch bucket; a step passes both, and the kernel runs
+    that config rather than re-planning from the step's own (narrower) block table."""
+    from kernels import settings
+    from kernels.attention import decode
+    from kernels.attention.configs import DecodeConfig
+
+    launched, real = [], decode._decode_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append((grid[2], kwargs["BLOCK_N"]))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(decode, "_decode_kernel", Recorder())
+    torch.manual_seed(3)
+    q, k, v = torch.randn(12, HEADS, HEAD_DIM), torch.randn(12, KV_HEADS, HEAD_DIM), torch.randn(12, KV_HEADS, HEAD_DIM)
+    layer = _OneLayer(Attention(HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS), q, k, v)
+    cache = PagedCache(layer, num_blocks=8, block_size=4)
+    cache.step(layer, [(0, list(range(11)))])
+    meta, positions = cache.metadata([(0, [11])])
+    meta.num_splits, meta.decode_config = 3, DecodeConfig(block_n=16, num_warps=4, num_stages=1, ctas_per_sm=1)
+    with settings.forced("triton"), use_context(meta):
+        out = layer(torch.tensor([11]), positions)
+    assert launched == [(3, 16)]  # the table's own config for this call has 64-key tiles
+    torch.testing.assert_close(out[0], naive_attention(q, k, v, HEAD_DIM**-0.5)[11], atol=ATOL, rtol=0)
 
 
 def test_attention_without_context_or_cache_is_causal_per_sequence():
