@@ -166,8 +166,7 @@ def decode_plan(
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config: first the
     warp-specialized Gluon kernel's (sm_90, decode_ws.py), then the deep-pipeline Triton config; else the arch's
     config with the wave model's split count. A given `num_splits` is kept, with a one-wave config only where it
-    is that config's own count, so a count the engine planned once per batch bucket runs the config it was
-    planned with."""
+    is that config's own count (the engine passes the config it planned with too: `config=`)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]

@@ -33,6 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.attention.configs import DecodeConfig, WsDecodeConfig
+
+# (split count, kernel config) of decode attention, as kernels.attention.decode.decode_plan returns it
+DecodePlan = tuple[int | None, DecodeConfig | WsDecodeConfig | None]
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -64,7 +69,7 @@ class AttentionMetadata:
     max_seqlen_k: int = 0
     context_lens: torch.Tensor | None = None
     num_splits: int | None = None
-    decode_config: object | None = None
+    decode_config: DecodeConfig | WsDecodeConfig | None = None
     num_decode_seqs: int = 0
     # derived in __post_init__ for a mixed step: the prefill sequences' cu_seqlens_q (rebased to 0), seq_lens
     # and block tables, as fresh tensors: a slice at an odd row would give the kernels a pointer of another

@@ -5,8 +5,9 @@ replays them with one launch. Every graph reads the same static input buffers
 (ids, positions, slots, seq_lens, block tables sized for max_model_len) and writes
 one static output; a step copies its batch into the first rows, pads the rest
 (slot -1: no K/V write; seq_len 0: no key attended) and replays the graph of the
-smallest bucket that holds it. The split-k count and kernel config of decode attention are fixed per
-bucket at capture (the runner's `decode_plan`, which eager decode uses too).
+smallest bucket that holds it. The split-k count and kernel config of decode
+attention are fixed per bucket at capture (the runner's `decode_plan`, which
+eager decode uses too).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from llm.engine.context import AttentionMetadata, use_context
+from llm.engine.context import AttentionMetadata, DecodePlan, use_context
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class DecodeGraphs:
         buckets: list[int],
         max_blocks: int,
         uses_mrope: bool,
-        decode_plan: Callable[[int], tuple],
+        decode_plan: Callable[[int], DecodePlan],
     ) -> DecodeGraphs | None:
         """Capture one graph per batch bucket; None (eager decoding) if the model cannot be captured."""
         max_batch = buckets[-1]
@@ -59,7 +60,7 @@ class DecodeGraphs:
         pool = None
         try:
             for bs in reversed(buckets):
-                meta = cls._metadata(buf, bs, *decode_plan(bs))
+                meta = cls._metadata(buf, bs, decode_plan(bs))
                 pos = buf["positions"][..., :bs]
                 with use_context(meta):
                     model(buf["input_ids"][:bs], pos)  # warm-up outside the graph (autotuning, lazy init)
@@ -77,7 +78,8 @@ class DecodeGraphs:
         return cls(buckets, graphs, buf)
 
     @staticmethod
-    def _metadata(buf: dict, bs: int, num_splits: int | None, decode_config) -> AttentionMetadata:
+    def _metadata(buf: dict, bs: int, plan: DecodePlan) -> AttentionMetadata:
+        num_splits, decode_config = plan
         return AttentionMetadata(
             is_prefill=False,
             slot_mapping=buf["slot_mapping"][:bs],

@@ -18,7 +18,7 @@ import torch
 
 from kernels.device import device_for, get_device_info
 from llm.config import EngineConfig
-from llm.engine.context import AttentionMetadata, reset_context, use_context
+from llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use_context
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
@@ -87,7 +87,7 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.max_blocks = math.ceil(max_model_len / self.block_size)
         self.buckets = batch_buckets(min(config.scheduler.max_num_seqs, 512))
-        self._plans: dict[int, tuple] = {}  # batch bucket -> decode_plan
+        self._plans: dict[int, DecodePlan] = {}  # batch bucket -> decode_plan
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs.capture(
@@ -168,7 +168,7 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------
 
-    def decode_plan(self, batch: int) -> tuple[int | None, object | None]:
+    def decode_plan(self, batch: int) -> DecodePlan:
         """(split count, kernel config) of decode attention for a batch: the kernel's plan at the batch's graph
         bucket and max_model_len, so eager and graph decode split alike and run the config the count was planned
         for (an eager step's narrower block table would otherwise re-plan and may move a one-wave count onto
@@ -177,12 +177,12 @@ class ModelRunner:
             return None, None
         bucket = next((b for b in self.buckets if b >= batch), batch)
         if bucket not in self._plans:
-            from kernels.attention.decode import decode_plan
+            from kernels.attention import decode
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             q = torch.empty(bucket, attn.num_heads, attn.head_dim, dtype=self.dtype, device="meta")
             tables = torch.empty(bucket, self.max_blocks, dtype=torch.int32, device="meta")
-            self._plans[bucket] = decode_plan(q, k_cache, tables, device_for(k_cache))
+            self._plans[bucket] = decode.decode_plan(q, k_cache, tables, device_for(k_cache))
         return self._plans[bucket]
 
     def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:
@@ -231,7 +231,7 @@ class ModelRunner:
         is_prefill = max_q > 1
         num_decode = _leading_one_token_seqs(seqs) if is_prefill else 0
         decode_rows = num_decode if is_prefill else len(seqs)  # the rows that run on the split-k decode kernel
-        plan = self.decode_plan(decode_rows) if decode_rows else (None, None)
+        num_splits, decode_config = self.decode_plan(decode_rows) if decode_rows else (None, None)
         meta = AttentionMetadata(
             is_prefill=is_prefill,
             slot_mapping=to_device(slots, torch.long, dev),
@@ -242,8 +242,8 @@ class ModelRunner:
             max_seqlen_k=max(seq_lens),
             context_lens=to_device(context_lens, torch.int32, dev),
             # decode rows of a mixed step split like a decode step of their count (one plan lookup per step)
-            num_splits=plan[0],
-            decode_config=plan[1],
+            num_splits=num_splits,
+            decode_config=decode_config,
             num_decode_seqs=num_decode,
         )
         ids = to_device(input_ids, torch.long, dev)

@@ -113,7 +113,7 @@ def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
     deep, ws = TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128)
     if decode_ws.available(device, 4, 16):
         assert decode.decode_plan(q, k_cache, tables, device) == (1, ws)
-        assert decode.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the engine's count: same
+        assert decode.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
     else:
         assert decode.decode_plan(q, k_cache, tables, device) == (2, deep)
     assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count

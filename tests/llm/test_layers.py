@@ -8,12 +8,11 @@ out by hand, for plain, sliding-window and soft-capped attention with GQA.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.device import TritonMode, device_for
 from llm.engine.context import AttentionMetadata, use_context
 from llm.errors import UnsupportedModelError
 from llm.layers.activation import get_act_and_mul
@@ -82,7 +81,7 @@ def test_paged_attention_steps_match_naive(sliding_window, softcap):
     torch.testing.assert_close(out_decode, torch.stack([ref_a[13], ref_b[8]]), atol=ATOL, rtol=0)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors: the Triton interpreter")
+@pytest.mark.skipif(device_for(torch.empty(0)).triton is not TritonMode.INTERPRETED, reason="CPU tensors: interpreter")
 def test_a_decode_step_runs_the_kernel_config_of_its_metadata(monkeypatch):
     """The engine plans (split count, config) once per batch bucket; a step passes both, and the kernel runs
     that config rather than re-planning from the step's own (narrower) block table."""
