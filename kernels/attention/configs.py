@@ -19,7 +19,7 @@ Facts the tables rest on (per SM unless said otherwise):
   3-stage decode (see the table).
 - sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
   tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: the Triton
-  prefill takes 128-row tiles for one warp group, two CTAs per SM, contiguous
+  prefill takes (at head_dim 128) 128-row tiles for one warp group, two CTAs per SM, contiguous
   rows through TMA descriptors; at head_dim 64/128 in fp16/bf16 the
   warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
   per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
@@ -147,7 +147,8 @@ def decode_smem_bytes(c: DecodeConfig, head_dim: int, itemsize: int) -> int:
 @functools.cache  # called on every kernel launch (per layer in eager steps); the answer depends on its args only
 def _fit(config, head_dim: int, itemsize: int, smem_kb: int):
     """The tuned config made to fit (fp32 doubles every tile): down to two stages, then fewer keys per tile,
-    then one stage, then (prefill) fewer query rows."""
+    then one stage, then (prefill) fewer query rows. Decode's stage steps free memory only above 4 stages
+    (decode_smem_bytes: 1-4 stages buffer one tile)."""
     prefill = isinstance(config, PrefillConfig)
     smem_bytes = prefill_smem_bytes if prefill else decode_smem_bytes
 

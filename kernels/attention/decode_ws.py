@@ -26,8 +26,6 @@ contiguous caches, no softcap.
 
 from __future__ import annotations
 
-import torch
-
 from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
@@ -36,12 +34,14 @@ from kernels.attention.gluon_sm90 import (
     gl_dtype,
     gluon,
     mbarrier,
+    on_sm90,
     row_descriptor,
     tma,
     tma_rows_ok,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from kernels.device import device_for
 
 ROWS = 64  # wgmma's M: the query group padded
 NO_WINDOW = 1 << 30
@@ -50,22 +50,13 @@ NO_WINDOW = 1 << 30
 def available(device, group: int, page: int) -> bool:
     """Whether the kernel could serve decode calls of this model on `device` (what the split plan needs to know
     before any tensor exists): Gluon, an sm_90 GPU, a group that fits the 64 rows, a supported page size."""
-    return (
-        gluon is not None
-        and device.is_cuda
-        and device.capability is not None
-        and device.capability[0] == 9
-        and group <= ROWS
-        and page in TMA_PAGES
-    )
+    return on_sm90(device) and group <= ROWS and page in TMA_PAGES
 
 
 def supports(q, k_cache, v_cache, softcap) -> bool:
     """Whether this call can run here (else the Triton kernel runs it with the same split count): CUDA tensors,
     no softcap, contiguous caches and a query whose heads are TMA-readable rows."""
-    if gluon is None or not q.is_cuda or (softcap and softcap > 0):
-        return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not on_sm90(device_for(q)) or (softcap and softcap > 0):
         return False
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and tma_rows_ok(k_cache) and tma_rows_ok(v_cache)):
         return False

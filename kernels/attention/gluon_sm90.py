@@ -7,6 +7,7 @@ Triton kernels. Gluon kernels do not run in the interpreter; their tests run on 
 
 from __future__ import annotations
 
+import torch
 import triton
 
 # Triton 3.5's Gluon warp_specialize takes another signature; the kernels compile for sm_90 with 3.6 and 3.8 (and
@@ -30,6 +31,13 @@ except ImportError:  # triton without Gluon's Hopper ops: the Triton kernels ser
 if not gluon_usable(triton.__version__):
     gluon = None
 
+
+def on_sm90(device) -> bool:
+    """Whether the Gluon kernels can run on `device` (a DeviceInfo): Gluon here and an sm_90 GPU (newer archs take
+    sm_90's config tables, not these kernels)."""
+    return gluon is not None and device.capability is not None and device.capability[0] == 9
+
+
 LOG2E = 1.4426950408889634
 TMA_PAGES = (16, 32, 64)  # page sizes the Gluon kernels read as TMA boxes (a box holds at most 64 rows here)
 
@@ -52,4 +60,4 @@ def row_descriptor(t, block_rows, layout):
 
 def gl_dtype(dtype):
     """Gluon's element type of a 2-byte torch dtype."""
-    return gl.float16 if str(dtype) == "torch.float16" else gl.bfloat16
+    return gl.float16 if dtype == torch.float16 else gl.bfloat16

@@ -24,7 +24,6 @@ left of its rows' windows and masks the tiles on the window's edge. Everything e
 
 from __future__ import annotations
 
-import torch
 import triton
 
 from kernels.attention import launch_order
@@ -35,12 +34,14 @@ from kernels.attention.gluon_sm90 import (
     gl_dtype,
     gluon,
     mbarrier,
+    on_sm90,
     row_descriptor,
     tma,
     tma_rows_ok,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from kernels.device import device_for
 
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 
@@ -49,7 +50,7 @@ def supports(q, k, v, k_cache, v_cache, softcap) -> bool:
     """Whether this kernel can run the call (otherwise the Triton kernel does): Gluon and an sm_90 GPU, the
     chunk's rows given, no softcap, TMA-readable tensors. Dtype and head_dim are the config table's to decide
     (`ArchTable.prefill_ws_config`); the capability is checked here because newer archs take sm_90's table."""
-    if gluon is None or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not on_sm90(device_for(q)):
         return False
     if k is None or (softcap and softcap > 0):
         return False
