@@ -254,8 +254,8 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     def triton_rows():  # the Triton kernel on the same path
         return prefill.paged_prefill_attention(*args, k=k_rows, v=v_rows, config=triton_config)
 
-    def pages():
-        return prefill.paged_prefill_attention(*args, config=triton_config)
+    def pages():  # every key through the block table: without the chunk's rows only the Triton kernel applies
+        return prefill.paged_prefill_attention(*args, config=config)
 
     ws = prefill.ws_plan(q, k_rows, v_rows, k_cache, v_cache, True, None, 0.0, device, config)
     row = {"batch": batch, "length": length, "prefix": prefix, "kernel": "gluon-ws" if ws else "triton"}
@@ -401,9 +401,10 @@ def main():
                 print(f"decode {r['dtype']} {q_heads}/{kv_heads} B={batch} L={ctx}: ours {r['ours_us']:.1f}us "
                       f"({r['heuristic_config']} S={r['heuristic_splits']}) best {r['best_fixed_us']:.1f} "
                       f"({r['best_fixed']}) sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
-    for dtype in () if args.decode_only else (torch.float16, torch.bfloat16):
-        shapes = [(b, n, 0) for b, n in PREFILL_SHAPES] + EXTEND_SHAPES
-        for batch, length, prefix in shapes[:1] if args.quick else shapes:
+    shapes = [(b, n, 0) for b, n in PREFILL_SHAPES] + EXTEND_SHAPES
+    shapes = [] if args.decode_only else shapes[:1] if args.quick else shapes
+    for dtype in (torch.float16, torch.bfloat16):
+        for batch, length, prefix in shapes:
             r = bench_prefill(dtype, batch, length, device, pre_cfg, prefix)
             r["dtype"] = str(dtype).removeprefix("torch.")
             res["prefill"].append(r)
