@@ -19,6 +19,8 @@ Writes attention_<device>.json and .md under --out and prints the tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import math
 import os
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.report import save_results
-from kernels.attention import decode, prefill
+from kernels.attention import configs, decode, kv_write, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, WsDecodeConfig, table_for
 from kernels.device import get_device_info
@@ -38,6 +40,7 @@ PAGE = 16
 DECODE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (32, 2048), (64, 1024), (128, 512), (128, 2048)]
 PREFILL_SHAPES = [(1, 4096), (4, 4096), (1, 16384), (4, 16384), (1, 65536), (4, 65536)]
 EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cached prefix): a chunk after a prefix
+STEP_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (128, 2048)]  # (batch, context) of the KV write + decode step
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
 
@@ -189,6 +192,40 @@ def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
     return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
 
 
+@contextlib.contextmanager
+def without_pdl(device):
+    """Run the kernels of `device`'s arch without programmatic dependent launch (its table's `pdl` off)."""
+    arch = table_for(device).arch
+    kept = configs.TABLES[arch]
+    configs.TABLES[arch] = dataclasses.replace(kept, pdl=False)
+    try:
+        yield
+    finally:
+        configs.TABLES[arch] = kept
+
+
+def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
+    """A decode layer's attention as the engine runs it: the step's K/V rows written into the cache, then
+    decode over it; with and without programmatic dependent launch (where the arch has it)."""
+    q, k_cache, v_cache, perm, seq_lens, _ = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
+    k_new = torch.randn(batch, kv_heads, q.shape[-1], device="cuda", dtype=dtype)
+    v_new = torch.randn_like(k_new)
+    out = torch.empty_like(q)
+    scale = q.shape[-1] ** -0.5
+
+    def step(table, slots):
+        kv_write.write_kv_cache(k_new, v_new, k_cache, v_cache, slots)
+        decode.paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale, None, None, out)
+
+    last_rows = [t[:, -1].long() * PAGE + PAGE - 1 for t in perm]  # each sequence's last row is the step's token
+    calls = [lambda t=t, s=s: step(t, s) for t, s in zip(perm, last_rows, strict=True)]
+    row = {"dtype": str(dtype).removeprefix("torch."), "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch}
+    row["ctx"], row["pdl_us"] = ctx, graph_time_us(calls)
+    with without_pdl(device):
+        row["no_pdl_us"] = graph_time_us(calls)
+    return row
+
+
 def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=None):
     """The heuristic's plan (config and splits; or `config` forced) against a sweep of fixed split counts for
     every decode config of the arch (the shallow one and, where there are, the deep one and the Gluon kernel's),
@@ -213,6 +250,8 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
     row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
     row["ours_us"] = graph_time_us(ours(heur, chosen))
+    with without_pdl(device):
+        row["ours_no_pdl_us"] = graph_time_us(ours(heur, chosen))
     row["sweep_us"] = {}
     for c in candidates:
         for s in sweep:
@@ -310,17 +349,29 @@ def markdown(res):
         f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}); "
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
-        "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | best fixed (config, splits) us "
-        "| SDPA us | speedup vs SDPA | ours BW frac | SDPA BW frac |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ours: the calls launched with programmatic dependent launch where the arch has it (each call's prologue "
+        "runs under the previous call's last kernel); no PDL: the same plan without it.", "",
+        "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | no PDL us "
+        "| best fixed (config, splits) us | SDPA us | speedup vs SDPA | ours BW frac | SDPA BW frac |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in res["decode"]:
         lines.append(
             f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['kv_mb']:.0f} | "
-            f"{r['heuristic_config']} S={r['heuristic_splits']} | {r['ours_us']:.1f} | "
+            f"{r['heuristic_config']} S={r['heuristic_splits']} | {r['ours_us']:.1f} | {r['ours_no_pdl_us']:.1f} | "
             f"{r['best_fixed_us']:.1f} ({r['best_fixed']}) | "
             f"{r['sdpa_us']:.1f} | {r['sdpa_us'] / r['ours_us']:.2f}x | {r['bw_frac']:.2f} | {r['sdpa_bw_frac']:.2f} |"
         )
+    if res.get("step"):
+        lines += [
+            "", "## Decode step (KV write, then decode: a layer's attention as the engine runs it)", "",
+            "| dtype | heads | B | L | PDL us | no PDL us | saved |", "|---|---|---|---|---|---|---|",
+        ]  # fmt: skip
+        for r in res["step"]:
+            lines.append(
+                f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['pdl_us']:.1f} | "
+                f"{r['no_pdl_us']:.1f} | {1 - r['pdl_us'] / r['no_pdl_us']:.1%} |"
+            )
     lines += [
         "", "## Prefill (causal, heads 32/8, head_dim 128, paged block 16)", "",
         "ours: the engine's path (the chunk's keys from its own K/V rows, a cached prefix from the pages) on the "
@@ -401,6 +452,12 @@ def main():
                 print(f"decode {r['dtype']} {q_heads}/{kv_heads} B={batch} L={ctx}: ours {r['ours_us']:.1f}us "
                       f"({r['heuristic_config']} S={r['heuristic_splits']}) best {r['best_fixed_us']:.1f} "
                       f"({r['best_fixed']}) sdpa {r['sdpa_us']:.1f}", flush=True)  # fmt: skip
+    res["step"] = []
+    for batch, ctx in [] if args.prefill_only else STEP_SHAPES[:1] if args.quick else STEP_SHAPES:
+        r = bench_step(torch.float16, 32, 8, batch, ctx, device)
+        res["step"].append(r)
+        torch.cuda.empty_cache()
+        print(f"step 32/8 B={batch} L={ctx}: PDL {r['pdl_us']:.1f}us, without {r['no_pdl_us']:.1f}", flush=True)
     shapes = [(b, n, 0) for b, n in PREFILL_SHAPES] + EXTEND_SHAPES
     shapes = [] if args.decode_only else shapes[:1] if args.quick else shapes
     for dtype in (torch.float16, torch.bfloat16):

@@ -19,6 +19,15 @@ contribute nothing; a sequence with no visible key gets zeros, never NaN.
 
 KV cache layout: [num_blocks, block_size, kv_heads, head_dim] with head_dim
 contiguous; a token's row for one KV head is head_dim contiguous elements.
+
+Programmatic dependent launch (where the arch table's `pdl` holds: sm_90): the
+decode kernel is launched while the kernel before it (the KV write, in a decode
+step) still runs, loads its sequence length (and, in the Gluon kernel, the first
+tile's pages: the block table and lengths are the engine's inputs, written before
+the step) and then waits (griddepcontrol.wait) before reading q and the cache,
+which that kernel writes. The reduce kernel lets the next kernel launch at its
+start and waits before reading the partials. tests/kernels/sm90_ptx.py checks the
+compiled order.
 """
 
 from __future__ import annotations
@@ -26,10 +35,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.attention import decode_ws
 from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
+from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, dependent_launch, table_for
 from kernels.device import device_for
 
 
@@ -47,7 +57,7 @@ def _decode_kernel(
     stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     kvh = tl.program_id(0)
     b = tl.program_id(1)
@@ -57,6 +67,8 @@ def _decode_kernel(
     chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
+    if PDL:  # the lengths are the engine's input; q and the cache's new rows are the previous kernel's output
+        gdc_wait()
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -119,10 +131,13 @@ def _decode_kernel(
 def _reduce_kernel(
     part_ptr, lse_ptr, out_ptr, num_splits,
     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if PDL:  # the next kernel may start now; the partials are the decode kernel's output
+        gdc_launch_dependents()
+        gdc_wait()
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     mask_s = offs_s < num_splits
@@ -250,9 +265,22 @@ def paged_decode_attention(
         lse = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
         part_strides = part.stride()[:3]
     block_d = triton.next_power_of_2(head_dim)
+    pdl = dependent_launch(device)
     if isinstance(config, WsDecodeConfig):
         decode_ws.launch(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, part, lse, config
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            sliding_window,
+            num_splits,
+            out,
+            part,
+            lse,
+            config,
+            pdl,
         )
     else:
         _decode_kernel[(kv_heads, batch, num_splits)](
@@ -262,12 +290,13 @@ def paged_decode_attention(
             block_tables.stride(0), out.stride(0), out.stride(1), *part_strides,
             GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+            num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
         )  # fmt: skip
     if not direct:
         _reduce_kernel[(batch, q_heads)](
             part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), PDL=pdl,
+            num_warps=4, launch_pdl=pdl,
         )  # fmt: skip
     return out

@@ -4,9 +4,9 @@ Used on grids of one wave of it (at most one CTA per SM: small batches, where de
 than by bandwidth), where it measured faster than the Triton kernel of `decode.py` (the reasons with the sm_90
 table in `configs.py`). One warp does nothing but issue loads:
 
-- One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up each page of a
-  BLOCK_N-key tile in the block table and issues one TMA box per page (or per tile, for pages larger than the
-  tile) into a ring of STAGES K and V buffers (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is
+- One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of a
+  BLOCK_N-key tile in the block table one tile ahead (a lane per page) and issues one TMA box per page (or per
+  tile, for pages larger than the tile) into a ring of STAGES K and V buffers (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is
   done with a stage). It loads the query group's rows once as a 64-row 3-D box: past the group come the next
   KV heads' query rows (computed, not stored), past the last head zeros.
 - The consumer warpgroup computes S = Q K^T with wgmma (the query heads sharing the KV head are the rows; 64
@@ -15,6 +15,9 @@ table in `configs.py`). One warp does nothing but issue loads:
 - Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
   [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
   log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges.
+
+With programmatic dependent launch (`pdl`) the loader loads the first tile's pages, then waits for the previous
+kernel, then issues the query's and the tiles' TMA loads (`decode.py` says why).
 
 Rows of a tile past the sequence's end are loaded (the last page's stale rows: the engine's cache is
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.
@@ -30,6 +33,7 @@ from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
     TensorDescriptor,
+    gdc_wait,
     gl,
     gl_dtype,
     gluon,
@@ -79,28 +83,47 @@ if gluon is not None:
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0)
 
     @gluon.jit
+    def _tile_pages(table, key0, last_page, ok, BOX: gl.constexpr, NBOX: gl.constexpr, PAGE: gl.constexpr):
+        """The pages of the tile's NBOX boxes (one lane each; issued ahead of the tile, consumed by _box_page)."""
+        boxes = gl.arange(0, NBOX, layout=gl.BlockedLayout([1], [32], [1], [0]))
+        return gl.load(table + gl.minimum((key0 + boxes * BOX) // PAGE, last_page), mask=(boxes >= 0) & ok, other=0)
+
+    @gluon.jit
+    def _box_page(pages, r: gl.constexpr):
+        boxes = gl.arange(0, pages.shape[0], layout=pages.type.layout)
+        return gl.sum(gl.where(boxes == r, pages, 0), axis=0)
+
+    @gluon.jit
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
                 b, kvh, split, num_splits, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, PAGE: gl.constexpr):  # fmt: skip
+                STAGES: gl.constexpr, PAGE: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty = bars
         start, lo, hi, n = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
-        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
         BOX: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N
+        NBOX: gl.constexpr = BLOCK_N // BOX
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * kc_desc.dtype.primitive_bitwidth // 8
         last_page = (hi - 1) // PAGE
         table = tables_ptr + b.to(gl.int64) * stride_tb
+        # the block table is the engine's input, not the previous kernel's output: its first tile's pages load
+        # before the wait for that kernel (q and the cache's new rows are its output)
+        pages = _tile_pages(table, lo, last_page, n > 0, BOX, NBOX, PAGE)
+        if PDL:
+            gdc_wait()
+        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
         for j in range(n):
             s = j % STAGES
+            key0 = lo + j * BLOCK_N
+            following = _tile_pages(table, key0 + BLOCK_N, last_page, j + 1 < n, BOX, NBOX, PAGE)
             mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
             mbarrier.expect(k_ready.index(s), tile_bytes)
             mbarrier.expect(v_ready.index(s), tile_bytes)
-            for r in gl.static_range(BLOCK_N // BOX):  # boxes past the end repeat the last page's rows (masked)
-                key = lo + j * BLOCK_N + r * BOX
-                page = gl.load(table + gl.minimum(key // PAGE, last_page))
-                coord = [page * PAGE + key % PAGE, kvh * HEAD_DIM]
+            for r in gl.static_range(NBOX):  # boxes past the end repeat the last page's rows (masked)
+                key = key0 + r * BOX
+                coord = [_box_page(pages, r) * PAGE + key % PAGE, kvh * HEAD_DIM]
                 tma.async_copy_global_to_shared(kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * BOX, BOX))
                 tma.async_copy_global_to_shared(vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * BOX, BOX))
+            pages = following
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b, kvh,
@@ -163,7 +186,8 @@ if gluon is not None:
     def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                           window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                           Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr, DIRECT: gl.constexpr,
+                          PDL: gl.constexpr):  # fmt: skip
         kvh = gl.program_id(0)
         b = gl.program_id(1)
         split = gl.program_id(2)
@@ -185,11 +209,11 @@ if gluon is not None:
                          kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, Q_HEADS,
                          GROUP, HEAD_DIM, BLOCK_N, STAGES, DIRECT)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
-                       bars, b, kvh, split, num_splits, GROUP, HEAD_DIM, BLOCK_N, STAGES, PAGE)),
+                       bars, b, kvh, split, num_splits, GROUP, HEAD_DIM, BLOCK_N, STAGES, PAGE, PDL)),
         ], [1], [24])  # fmt: skip
 
 
-def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config):
+def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False):
     """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
     log-sum-exps for `decode._reduce_kernel`."""
     batch, q_heads, head_dim = q.shape
@@ -207,6 +231,7 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides,
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
-        STAGES=config.num_stages, PAGE=page, DIRECT=direct, num_warps=4, maxnreg=128,
+        STAGES=config.num_stages, PAGE=page, DIRECT=direct, PDL=pdl, num_warps=4, maxnreg=128,
+        launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -2,15 +2,19 @@
 
 One program per token: it reads its slot (block_id * block_size + offset; a
 negative slot, e.g. a padding token of a CUDA-graph batch, is skipped) and
-copies the token's [kv_heads, head_dim] rows of K and V into the caches.
+copies the token's [kv_heads, head_dim] rows of K and V into the caches. With
+programmatic dependent launch (sm_90, `configs.dependent_launch`) it lets the
+decode kernel after it launch at once and waits for the kernel before it (which
+wrote k and v) before its first load.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.attention.configs import check_dtype, table_for
+from kernels.attention.configs import check_dtype, dependent_launch, table_for
 from kernels.device import device_for
 
 
@@ -20,9 +24,12 @@ def _kv_write_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_ct, stride_ch, stride_db, stride_dt, stride_dh,
     KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr,
+    PAGE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
+    if PDL:  # decode attention (next) may start its prologue now; k and v are the previous kernel's output
+        gdc_launch_dependents()
+        gdc_wait()
     slot = tl.load(slots_ptr + t).to(tl.int64)
     block = slot // PAGE
     offset = slot % PAGE
@@ -51,13 +58,16 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, *, device=None):
         )
     if k.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the last (head_dim) dimension of k, v and the caches must be contiguous")
-    check_dtype(table_for(device or device_for(k_cache)), k_cache.dtype)
+    device = device or device_for(k_cache)
+    check_dtype(table_for(device), k_cache.dtype)
     tokens, kv_heads, head_dim = k.shape
     if tokens == 0:
         return
+    pdl = dependent_launch(device)
     _kv_write_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1], num_warps=4 if kv_heads * head_dim >= 1024 else 2,
+        BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1], PDL=pdl,
+        num_warps=4 if kv_heads * head_dim >= 1024 else 2, launch_pdl=pdl,
     )  # fmt: skip

@@ -8,7 +8,7 @@ def _decode_row(ours, sdpa, best, kv_mb=512.0, copy_gbs=4000.0, batch=1):
     us_floor = kv_mb * 2**20 / (copy_gbs * 1e3)
     return {
         "dtype": "float16", "q_heads": 32, "kv_heads": 8, "batch": batch, "ctx": 32768, "kv_mb": kv_mb,
-        "heuristic_splits": 32, "heuristic_config": "64/4/6", "ours_us": ours, "sdpa_us": sdpa,
+        "heuristic_splits": 32, "heuristic_config": "64/4/6", "ours_us": ours, "ours_no_pdl_us": ours + 1, "sdpa_us": sdpa,
         "best_fixed": "64/4/4 S=64", "best_fixed_us": best, "bw_frac": us_floor / ours, "sdpa_bw_frac": us_floor / sdpa,
     }  # fmt: skip
 
@@ -29,10 +29,13 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
         "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
         "decode_config": "D", "decode_deep_config": "DD", "decode_ws_config": "WD", "prefill_config": "P",
         "decode": [_decode_row(ours=120.0, sdpa=125.0, best=118.0)], "prefill": [],
+        "step": [{"dtype": "float16", "q_heads": 32, "kv_heads": 8, "batch": 1, "ctx": 4096, "pdl_us": 10.5,
+                  "no_pdl_us": 12.7}],
     }  # fmt: skip
     res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])
     text = markdown(res)
-    assert "| 64/4/6 S=32 | 120.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
+    assert "| 64/4/6 S=32 | 120.0 | 121.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
+    assert "| float16 | 32/8 | 1 | 4096 | 10.5 | 12.7 | 17.3% |" in text
     assert "for one-wave grids: warp-specialized WD, deep DD" in text
     assert "- prefill_0.9x_sdpa: not measured in this run" in text
     assert config_name(DecodeConfig(64, 4, 6, 2)) == "64/4/6"

@@ -1,0 +1,88 @@
+"""Compile the decode-step kernels for sm_90 with programmatic dependent launch (no GPU needed) and print, as one
+JSON line, what each does before its griddepcontrol.wait: the global memory instructions and whether it lets
+the next kernel launch. Run without TRITON_INTERPRET (test_dependent_launch.py does):
+
+    python -m tests.kernels.sm90_ptx
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.attention import decode, decode_ws, gluon_sm90, kv_write
+
+FLOATS = ("scale", "softcap", "qk_scale")
+PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64"}
+MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor|cp\.async)")
+
+
+def compile_ptx(fn, constexprs, descriptors=None, **options) -> str:
+    """PTX of `fn` for sm_90 with dependent launch: pointers fp16 unless in PTR_TYPES, descriptors given by name
+    (a Gluon kernel), the rest int32 (FLOATS fp32)."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in (descriptors or {}):
+            sig[name] = descriptors[name]
+        elif name.endswith("_ptr"):
+            sig[name] = PTR_TYPES.get(name, "*fp16")
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    if descriptors:
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    else:
+        source = ASTSource
+    src = source(fn=fn, signature=sig, constexprs=constexprs, attrs={})
+    options = dict(num_warps=4, launch_pdl=True, **options)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def before_wait(ptx: str) -> dict:
+    """The global memory instructions before the one griddepcontrol.wait, and whether launch_dependents is among
+    the instructions before it."""
+    lines = ptx.splitlines()
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    if len(waits) != 1:
+        raise AssertionError(f"expected one griddepcontrol.wait, found {len(waits)}")
+    head = lines[: waits[0]]
+    ops = [m.group(1) for m in map(MEMORY_OP.search, head) if m]
+    return {"before": ops, "launches_dependents": any("griddepcontrol.launch_dependents" in line for line in head)}
+
+
+def gluon_decode_ptx() -> str:
+    from triton.experimental.gluon import language as gl
+    from triton.runtime.jit import mangle_type
+
+    q = torch.empty(8, 32, 128, dtype=torch.float16)
+    cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
+    q_layout = gl.NVMMASharedLayout.get_default_for([1, 64, 128], gl.float16)
+    q_desc = gluon_sm90.TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 64, 128], q_layout)
+    kv_desc = gluon_sm90.row_descriptor(cache, 16, gl.NVMMASharedLayout.get_default_for([64, 128], gl.float16))
+    descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kv_desc), "vc_desc": mangle_type(kv_desc)}
+    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=128, BLOCK_N=64, STAGES=4, PAGE=16, DIRECT=False, PDL=True)
+    return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, maxnreg=128)
+
+
+def main() -> None:
+    consts = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SOFTCAP=False, DIRECT=False)
+    report = {
+        "decode": before_wait(compile_ptx(decode._decode_kernel, dict(consts, PRECISION="tf32", PDL=True), num_stages=4)),
+        "reduce": before_wait(compile_ptx(decode._reduce_kernel, dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=16, PDL=True))),
+        "kv_write": before_wait(
+            compile_ptx(kv_write._kv_write_kernel, dict(KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, PAGE=16, PDL=True))
+        ),
+    }  # fmt: skip
+    if gluon_sm90.gluon is not None:
+        report["decode_ws"] = before_wait(gluon_decode_ptx())
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

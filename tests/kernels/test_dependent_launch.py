@@ -1,0 +1,100 @@
+"""Programmatic dependent launch of the decode kernels: where it is used, and that a decode launched this way
+still reads what the kernels before it wrote (the KV write's new rows, the split partials for the reduce)."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels.attention import configs, decode, gluon_sm90, kv_write, reference
+from kernels.attention.configs import TABLES
+from kernels.device import DeviceInfo, TritonMode, device_for
+from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, sim_device
+
+SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+def test_only_compiled_kernels_on_sm90_and_newer_launch_dependent():
+    for arch, cap in ARCHS.items():
+        assert configs.dependent_launch(sim_device(cap, mode=TritonMode.COMPILED)) == (arch == "sm_90")
+    assert configs.dependent_launch(sim_device((10, 0), mode=TritonMode.COMPILED))  # takes sm_90's table
+    assert not configs.dependent_launch(sim_device((9, 0), mode=TritonMode.INTERPRETED))  # no griddepcontrol
+    assert not configs.dependent_launch(DeviceInfo("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED))
+    assert [arch for arch, table in TABLES.items() if table.pdl] == ["sm_90"]
+
+
+@pytest.fixture(scope="module")
+def sm90_ptx():
+    """What the kernels compiled for sm_90 with dependent launch do before griddepcontrol.wait (tests/kernels/
+    sm90_ptx.py, run in a process of its own: compiled, not interpreted, and no GPU needed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.sm90_ptx"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(sm90_ptx):
+    """Before griddepcontrol.wait the Triton decode kernel loads only the sequence length and the Gluon one only
+    lengths and the first tile's pages (the engine's inputs), no TMA and no store; the reduce and the KV write
+    read nothing before it and let the next kernel launch first."""
+    assert sm90_ptx["decode"] == {"before": ["ld.global"], "launches_dependents": False}
+    assert sm90_ptx["reduce"] == {"before": [], "launches_dependents": True}
+    assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True}
+    if gluon_sm90.gluon is not None:
+        assert set(sm90_ptx["decode_ws"]["before"]) == {"ld.global"}
+        assert not sm90_ptx["decode_ws"]["launches_dependents"]
+
+
+@pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
+@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+@pytest.mark.parametrize("splits", [1, 8])
+def test_decode_right_after_the_kv_write_reads_the_new_rows(kernel, splits):
+    """The engine's order: the step's K/V rows are written, then attended at once; the KV write lets the decode
+    start early. The slots hold rows far from the new ones, so stale reads would show in the output. (The window
+    is short: on the H200 this test also passed with the decode's waits removed; the PTX tests above keep them.)"""
+    assert configs.dependent_launch(device_for(torch.empty(1, device=DEV)))
+    torch.manual_seed(0)
+    kv_heads, q_heads, head_dim, page, dtype = 8, 32, 128, 16, torch.float16
+    table = TABLES["sm_90"]
+    config = table.decode_ws_config(head_dim) if kernel == "gluon" else table.decode_config(head_dim)
+    batch = 6
+    lens = [300 + 37 * i for i in range(batch)]
+    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    rows = torch.tensor([n - 1 for n in lens], device=DEV)
+    slots = tables.long().gather(1, (rows // page)[:, None])[:, 0] * page + rows % page  # each sequence's last row
+    scale = head_dim**-0.5
+    for _ in range(8):
+        k_cache.view(-1, kv_heads, head_dim)[slots] = 20.0  # stale rows: they would dominate the softmax
+        v_cache.view(-1, kv_heads, head_dim)[slots] = 1000.0
+        q = torch.randn(batch, q_heads, head_dim, device=DEV, dtype=dtype)
+        k_new = torch.randn(batch, kv_heads, head_dim, device=DEV, dtype=dtype)
+        v_new = torch.randn_like(k_new)
+        kv_write.write_kv_cache(k_new, v_new, k_cache, v_cache, slots)
+        out = decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, None, splits, config=config)
+        ref = reference.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, scale)
+        assert_close(out, ref, dtype)
+
+
+@pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
+def test_dependent_launch_changes_no_result_bit():
+    torch.manual_seed(1)
+    lens = [4096, 1000, 17]
+    k_cache, v_cache, tables = make_paged(lens, 16, 8, 128, torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(3, 32, 128, device=DEV, dtype=torch.bfloat16)
+    results = []
+    for pdl in (True, False):
+        kept = TABLES["sm_90"]
+        TABLES["sm_90"] = dataclasses.replace(kept, pdl=pdl)
+        try:
+            results.append(decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.09, None, 16))
+        finally:
+            TABLES["sm_90"] = kept
+    assert torch.equal(results[0], results[1])
