@@ -41,6 +41,11 @@ import torch
 
 from kernels.device import DeviceInfo, TritonMode
 
+try:  # Triton >= 3.4: programmatic dependent launch (griddepcontrol, the launch_pdl option)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton, or none: the kernels launch without it
+    gdc_launch_dependents = gdc_wait = None
+
 
 class UnsupportedDtypeError(TypeError):
     """The attention kernels cannot run this dtype on this GPU."""
@@ -264,8 +269,9 @@ def table_for(device: DeviceInfo) -> ArchTable:
 
 def dependent_launch(device: DeviceInfo) -> bool:
     """Whether decode's kernels launch on `device` with programmatic dependent launch (the arch table's `pdl`):
-    compiled kernels on a GPU only (the interpreter has no griddepcontrol)."""
-    return device.is_cuda and device.triton == TritonMode.COMPILED and table_for(device).pdl
+    compiled kernels on a GPU only (the interpreter has no griddepcontrol), with a Triton that has it."""
+    compiled = device.is_cuda and device.triton == TritonMode.COMPILED
+    return compiled and gdc_wait is not None and table_for(device).pdl
 
 
 def check_dtype(table: ArchTable, dtype: torch.dtype) -> None:

@@ -35,11 +35,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.attention import decode_ws
 from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, dependent_launch, table_for
+from kernels.attention.configs import (
+    DecodeConfig,
+    WsDecodeConfig,
+    check_dtype,
+    dependent_launch,
+    gdc_launch_dependents,
+    gdc_wait,
+    table_for,
+)
 from kernels.device import device_for
 
 
@@ -291,12 +298,12 @@ def paged_decode_attention(
             GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
-            num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
+            num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     if not direct:
         _reduce_kernel[(batch, q_heads)](
             part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), PDL=pdl,
-            num_warps=4, launch_pdl=pdl,
+            num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     return out

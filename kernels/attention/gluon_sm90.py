@@ -48,15 +48,9 @@ if gluon is not None:
         dependent launch; a no-op when the grid was launched without it)."""
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
-    @gluon.jit
-    def gdc_launch_dependents():
-        """Let the next grid (launched with programmatic dependent launch) start once every CTA of this one has
-        called this or exited."""
-        gl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
 else:
-    gdc_wait = gdc_launch_dependents = None
+    gdc_wait = None
+
 TMA_PAGES = (16, 32, 64)  # page sizes the Gluon kernels read as TMA boxes (a box holds at most 64 rows here)
 
 

@@ -18,13 +18,15 @@ from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, ma
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
 
-def test_only_compiled_kernels_on_sm90_and_newer_launch_dependent():
+def test_only_compiled_kernels_on_sm90_and_newer_launch_dependent(monkeypatch):
     for arch, cap in ARCHS.items():
         assert configs.dependent_launch(sim_device(cap, mode=TritonMode.COMPILED)) == (arch == "sm_90")
     assert configs.dependent_launch(sim_device((10, 0), mode=TritonMode.COMPILED))  # takes sm_90's table
     assert not configs.dependent_launch(sim_device((9, 0), mode=TritonMode.INTERPRETED))  # no griddepcontrol
     assert not configs.dependent_launch(DeviceInfo("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED))
     assert [arch for arch, table in TABLES.items() if table.pdl] == ["sm_90"]
+    monkeypatch.setattr(configs, "gdc_wait", None)  # a Triton older than 3.4: no griddepcontrol
+    assert not configs.dependent_launch(sim_device((9, 0), mode=TritonMode.COMPILED))
 
 
 @pytest.fixture(scope="module")
