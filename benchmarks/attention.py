@@ -8,7 +8,8 @@ shuffled blocks); the heuristic's config and split count against fixed split cou
 for each of the arch's decode configs (the Triton config, the deep one-wave config and, on sm_90, the
 warp-specialized Gluon kernel's: `gluon blk/stages`), timed as CUDA-graph replays of at least 16 calls over enough KV
 copies to defeat the L2 (>= 256 MB per replay), against SDPA on contiguous KV and the device-to-device
-copy bandwidth measured in the same run. Prefill: causal, heads 32/8, head_dim 128,
+copy bandwidth measured in the same run; the plan is also timed without programmatic dependent launch (sm_90),
+and a decode step (the KV write, then decode) with and without it. Prefill: causal, heads 32/8, head_dim 128,
 TFLOP/s against SDPA (K/V expanded to 32 heads) for fresh sequences, on the engine's
 path (the chunk's own K/V rows; the dispatch's kernel and the Triton kernel) and with every
 key from the pages; plus chunks after a cached prefix. The decode grid took ~1 minute on an H200 (2026-11-30, three

@@ -275,20 +275,9 @@ def paged_decode_attention(
     pdl = dependent_launch(device)
     if isinstance(config, WsDecodeConfig):
         decode_ws.launch(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            scale,
-            sliding_window,
-            num_splits,
-            out,
-            part,
-            lse,
-            config,
+            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, part, lse, config,
             pdl,
-        )
+        )  # fmt: skip
     else:
         _decode_kernel[(kv_heads, batch, num_splits)](
             q, k_cache, v_cache, block_tables, seq_lens, out, part, lse,

@@ -6,9 +6,9 @@ table in `configs.py`). One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of a
   BLOCK_N-key tile in the block table one tile ahead (a lane per page) and issues one TMA box per page (or per
-  tile, for pages larger than the tile) into a ring of STAGES K and V buffers (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is
-  done with a stage). It loads the query group's rows once as a 64-row 3-D box: past the group come the next
-  KV heads' query rows (computed, not stored), past the last head zeros.
+  tile, for pages larger than the tile) into a ring of STAGES K and V buffers (mbarriers `k_ready`/`v_ready`;
+  `kv_empty` when the consumer is done with a stage). It loads the query group's rows once as a 64-row 3-D
+  box: past the group come the next KV heads' query rows (computed, not stored), past the last head zeros.
 - The consumer warpgroup computes S = Q K^T with wgmma (the query heads sharing the KV head are the rows; 64
   is wgmma's smallest M, so a group of 4 uses 4 of them), the online softmax in registers, and O += P V with
   P from registers.
@@ -90,6 +90,7 @@ if gluon is not None:
 
     @gluon.jit
     def _box_page(pages, r: gl.constexpr):
+        """Box r's page out of _tile_pages' lanes."""
         boxes = gl.arange(0, pages.shape[0], layout=pages.type.layout)
         return gl.sum(gl.where(boxes == r, pages, 0), axis=0)
 
