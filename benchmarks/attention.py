@@ -31,10 +31,12 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from benchmarks.attention_report import config_name, markdown, targets
+from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
 from benchmarks.report import save_results
 from kernels.attention import configs, decode, kv_write, prefill
 from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, PrefillConfig, WsDecodeConfig, table_for
+from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
 from kernels.device import get_device_info
 
 PAGE = 16
@@ -44,51 +46,6 @@ EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cache
 STEP_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (128, 2048)]  # (batch, context) of the KV write + decode step
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
-
-
-def graph_time_us(fns, reps=None, min_calls=16):
-    """Median microseconds per call of fns (a list of calls run in turn, repeated to at least `min_calls`),
-    replayed as one CUDA graph. Several calls per replay keep the graph's launch latency (the GPU waits on the
-    host between the start event and the first kernel, ~15 us) out of the per-call time, as in a decode step
-    where every layer's attention runs back to back."""
-    fns = list(fns) * math.ceil(min_calls / len(fns))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:  # warm-up: compile, allocate
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    once = start.elapsed_time(end)
-    reps = reps or max(3, min(50, int(30 / max(once, 1e-3))))
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    times.sort()
-    return times[len(times) // 2] * 1e3 / len(fns)
-
-
-def copy_bandwidth_gbs():
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3) / 1e9  # bytes read + written
 
 
 def decode_inputs(dtype, q_heads, kv_heads, batch, ctx):
@@ -184,13 +141,6 @@ def tune_prefill(device):
     ranked = sorted(times, key=times.get)
     print("prefill configs (ms):", [(str(c), round(times[c], 3)) for c in ranked], flush=True)
     return ranked[0], {str(c): times[c] for c in times}
-
-
-def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
-    """blk/warps/stages of the Triton kernel; gluon blk/stages of the warp-specialized one."""
-    if isinstance(c, WsDecodeConfig):
-        return f"gluon {c.block_n}/{c.num_stages}"
-    return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
 
 
 @contextlib.contextmanager
@@ -316,84 +266,6 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
         row["sdpa_ms"] = time_ms(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale))
         row["sdpa_tflops"] = flops / row["sdpa_ms"] / 1e9
     return row
-
-
-def targets(decode_rows, prefill_rows, copy_gbs):
-    checks = {"decode_never_slower_than_sdpa": [], "decode_1.5x_sdpa_where_sdpa_under_0.65_bw": [],
-              "decode_0.95_copy_bw_where_kv_over_256MB": [], "heuristic_within_10pct_of_best_fixed": [],
-              "prefill_0.9x_sdpa": []}  # fmt: skip
-    for r in decode_rows:
-        name = f"{r['dtype']} {r['q_heads']}/{r['kv_heads']} B={r['batch']} L={r['ctx']}"
-        checks["decode_never_slower_than_sdpa"].append((name, r["ours_us"] <= r["sdpa_us"]))
-        if r["sdpa_bw_frac"] < 0.65:
-            checks["decode_1.5x_sdpa_where_sdpa_under_0.65_bw"].append((name, r["sdpa_us"] / r["ours_us"] >= 1.5))
-        if r["kv_mb"] >= 256:
-            checks["decode_0.95_copy_bw_where_kv_over_256MB"].append((name, r["bw_frac"] >= 0.95))
-        checks["heuristic_within_10pct_of_best_fixed"].append((name, r["ours_us"] <= 1.10 * r["best_fixed_us"]))
-    for r in prefill_rows:
-        if "sdpa_tflops" not in r:
-            continue
-        name = f"{r['dtype']} B={r['batch']} L={r['length']}"
-        checks["prefill_0.9x_sdpa"].append((name, r["ours_tflops"] >= 0.9 * r["sdpa_tflops"]))
-    return {
-        k: {"met": all(ok for _, ok in v), "missed": [n for n, ok in v if not ok], "cases": len(v)}
-        for k, v in checks.items()
-    }
-
-
-def markdown(res):
-    lines = [
-        f"# Attention kernels on {res['device']}", "",
-        f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
-        f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
-        f"Decode config {res['decode_config']} (for one-wave grids: warp-specialized "
-        f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}); "
-        f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
-        "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
-        "ours: the calls launched with programmatic dependent launch where the arch has it (each call's prologue "
-        "runs under the previous call's last kernel); no PDL: the same plan without it.", "",
-        "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | no PDL us "
-        "| best fixed (config, splits) us | SDPA us | speedup vs SDPA | ours BW frac | SDPA BW frac |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for r in res["decode"]:
-        lines.append(
-            f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['kv_mb']:.0f} | "
-            f"{r['heuristic_config']} S={r['heuristic_splits']} | {r['ours_us']:.1f} | {r['ours_no_pdl_us']:.1f} | "
-            f"{r['best_fixed_us']:.1f} ({r['best_fixed']}) | "
-            f"{r['sdpa_us']:.1f} | {r['sdpa_us'] / r['ours_us']:.2f}x | {r['bw_frac']:.2f} | {r['sdpa_bw_frac']:.2f} |"
-        )
-    if res.get("step"):
-        lines += [
-            "", "## Decode step (KV write, then decode: a layer's attention as the engine runs it)", "",
-            "| dtype | heads | B | L | PDL us | no PDL us | saved |", "|---|---|---|---|---|---|---|",
-        ]  # fmt: skip
-        for r in res["step"]:
-            lines.append(
-                f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['pdl_us']:.1f} | "
-                f"{r['no_pdl_us']:.1f} | {1 - r['pdl_us'] / r['no_pdl_us']:.1%} |"
-            )
-    lines += [
-        "", "## Prefill (causal, heads 32/8, head_dim 128, paged block 16)", "",
-        "ours: the engine's path (the chunk's keys from its own K/V rows, a cached prefix from the pages) on the "
-        "kernel the dispatch picks; Triton: the Triton kernel on that path; pages: the Triton kernel gathering "
-        "every key through the block table.", "",
-        "| dtype | B | L | cached prefix | kernel | ours TFLOP/s | Triton TFLOP/s | pages TFLOP/s | SDPA TFLOP/s "
-        "| ours / SDPA | rel err vs SDPA |", "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for r in res["prefill"]:
-        sdpa = r.get("sdpa_tflops")
-        vs = (f"{sdpa:.0f}", f"{r['ours_tflops'] / sdpa:.2f}", f"{r['rel_err_vs_sdpa']:.1e}") if sdpa else ("-",) * 3
-        lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['length']} | {r['prefix']} | {r['kernel']} | {r['ours_tflops']:.0f} | "
-            f"{r['triton_tflops']:.0f} | {r['pages_tflops']:.0f} | {' | '.join(vs)} |"
-        )
-    lines += ["", "## Targets", ""]
-    for name, t in res["targets"].items():
-        status = "met" if t["met"] else f"MISSED on {len(t['missed'])}/{t['cases']}: {', '.join(t['missed'])}"
-        status = status if t["cases"] else "not measured in this run"
-        lines.append(f"- {name}: {status}")
-    return "\n".join(lines) + "\n"
 
 
 def _shapes(text):

@@ -148,7 +148,7 @@ def run_transformers(fields: dict, contexts: list[int], device: str) -> dict:
 
 def decode_attention_vs_floor(ctx: int, q_heads: int, kv_heads: int, head_dim: int = 128) -> dict:
     """The paged decode kernel at batch 1 and `ctx` keys, against K+V bytes over the measured copy bandwidth."""
-    from benchmarks.attention import copy_bandwidth_gbs, graph_time_us
+    from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
     from kernels.attention import paged_decode_attention
 
     dtype = torch.bfloat16

@@ -1,6 +1,6 @@
 """The attention benchmark's target checks and Markdown table, on synthetic rows (no GPU)."""
 
-from benchmarks.attention import config_name, markdown, targets
+from benchmarks.attention_report import config_name, markdown, targets
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig
 
 

@@ -1,0 +1,54 @@
+"""How the GPU benchmarks time kernels: CUDA-graph replays of a list of calls, and the copy bandwidth that is
+their ceiling (benchmarks/attention.py, benchmarks/long_context.py)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+
+def graph_time_us(fns, reps=None, min_calls=16):
+    """Median microseconds per call of fns (a list of calls run in turn, repeated to at least `min_calls`),
+    replayed as one CUDA graph. Several calls per replay keep the graph's launch latency (the GPU waits on the
+    host between the start event and the first kernel, ~15 us) out of the per-call time, as in a decode step
+    where every layer's attention runs back to back."""
+    fns = list(fns) * math.ceil(min_calls / len(fns))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:  # warm-up: compile, allocate
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    once = start.elapsed_time(end)
+    reps = reps or max(3, min(50, int(30 / max(once, 1e-3))))
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    times.sort()
+    return times[len(times) // 2] * 1e3 / len(fns)
+
+
+def copy_bandwidth_gbs():
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * src.numel() / (ms * 1e-3) / 1e9  # bytes read + written
