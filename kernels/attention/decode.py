@@ -199,7 +199,7 @@ def decode_plan(
             return count, one_wave
     config = table.decode_config(head_dim, q.dtype)
     if num_splits is None:
-        num_splits = _wave_splits(q, k_cache, block_tables, device, table, config)
+        num_splits = decode_splits(q, k_cache, block_tables, device, config)
     return num_splits, config
 
 
@@ -213,20 +213,16 @@ def one_wave_configs(table, device, head_dim: int, dtype, group: int, page: int)
 def decode_splits(
     q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig | None = None
 ) -> int:  # fmt: skip
-    """The split count for a decode call (decode_plan's); with `config`, the wave model's count for that config."""
+    """The split count for a decode call (decode_plan's); with `config`, the wave model's count for that config
+    (splits.choose_num_splits)."""
     if config is None:
         return decode_plan(q, k_cache, block_tables, device)[0]
-    return _wave_splits(q, k_cache, block_tables, device, table_for(device), config)
-
-
-def _wave_splits(q, k_cache, block_tables, device, table, config) -> int:
-    """The wave model's split count (splits.choose_num_splits) for `config`."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
-        _sm_count(device), config.ctas_per_sm, config.block_n, table.bandwidth_gbs,
+        _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
     )  # fmt: skip
 
 
@@ -251,7 +247,7 @@ def paged_decode_attention(
     if config is None:
         num_splits, config = decode_plan(q, k_cache, block_tables, device, num_splits)
     elif num_splits is None:
-        num_splits = _wave_splits(q, k_cache, block_tables, device, table, config)
+        num_splits = decode_splits(q, k_cache, block_tables, device, config)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads

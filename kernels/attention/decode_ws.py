@@ -29,11 +29,11 @@ contiguous caches, no softcap.
 
 from __future__ import annotations
 
+from kernels.attention.configs import gdc_wait
 from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
     TensorDescriptor,
-    gdc_wait,
     gl,
     gl_dtype,
     gluon,

@@ -40,17 +40,6 @@ def on_sm90(device) -> bool:
 
 LOG2E = 1.4426950408889634
 
-if gluon is not None:
-
-    @gluon.jit
-    def gdc_wait():
-        """Wait until the grids this one depends on have finished and their writes are visible (programmatic
-        dependent launch; a no-op when the grid was launched without it)."""
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-else:
-    gdc_wait = None
-
 TMA_PAGES = (16, 32, 64)  # page sizes the Gluon kernels read as TMA boxes (a box holds at most 64 rows here)
 
 

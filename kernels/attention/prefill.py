@@ -332,21 +332,9 @@ def paged_prefill_attention(
         return out
     if ws is not None:
         return prefill_ws.launch(
-            q,
-            k,
-            v,
-            k_cache,
-            v_cache,
-            out,
-            cu_seqlens_q,
-            seq_lens,
-            block_tables,
-            scale,
-            max_seqlen_q,
-            causal,
-            sliding_window,
-            ws,
-        )
+            q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
+            sliding_window, ws,
+        )  # fmt: skip
     return launch(
         q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
         sliding_window, softcap, config,
