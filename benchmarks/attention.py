@@ -20,8 +20,6 @@ Writes attention_<device>.json and .md under --out and prints the tables.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import datetime
 import math
 import os
@@ -143,18 +141,6 @@ def tune_prefill(device):
     return ranked[0], {str(c): times[c] for c in times}
 
 
-@contextlib.contextmanager
-def without_pdl(device):
-    """Run the kernels of `device`'s arch without programmatic dependent launch (its table's `pdl` off)."""
-    arch = table_for(device).arch
-    kept = configs.TABLES[arch]
-    configs.TABLES[arch] = dataclasses.replace(kept, pdl=False)
-    try:
-        yield
-    finally:
-        configs.TABLES[arch] = kept
-
-
 def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
     """A decode layer's attention as the engine runs it: the step's K/V rows written into the cache, then
     decode over it; with and without programmatic dependent launch (where the arch has it)."""
@@ -172,7 +158,7 @@ def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
     calls = [lambda t=t, s=s: step(t, s) for t, s in zip(perm, last_rows, strict=True)]
     row = {"dtype": str(dtype).removeprefix("torch."), "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch}
     row["ctx"], row["pdl_us"] = ctx, graph_time_us(calls)
-    with without_pdl(device):
+    with configs.without_dependent_launch(device):
         row["no_pdl_us"] = graph_time_us(calls)
     return row
 
@@ -201,7 +187,7 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
     row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
     row["ours_us"] = graph_time_us(ours(heur, chosen))
-    with without_pdl(device):
+    with configs.without_dependent_launch(device):
         row["ours_no_pdl_us"] = graph_time_us(ours(heur, chosen))
     row["sweep_us"] = {}
     for c in candidates:

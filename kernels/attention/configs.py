@@ -34,6 +34,7 @@ is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field, replace
 
@@ -272,6 +273,19 @@ def dependent_launch(device: DeviceInfo) -> bool:
     compiled kernels on a GPU only (the interpreter has no griddepcontrol), with a Triton that has it."""
     compiled = device.is_cuda and device.triton == TritonMode.COMPILED
     return compiled and gdc_wait is not None and table_for(device).pdl
+
+
+@contextlib.contextmanager
+def without_dependent_launch(device: DeviceInfo):
+    """`device`'s arch table with `pdl` off for the duration of a with-block, then as it was (the attention
+    benchmark and the tests time and compare the two)."""
+    arch = table_for(device).arch
+    kept = TABLES[arch]
+    TABLES[arch] = replace(kept, pdl=False)
+    try:
+        yield
+    finally:
+        TABLES[arch] = kept
 
 
 def check_dtype(table: ArchTable, dtype: torch.dtype) -> None:

@@ -214,17 +214,27 @@ if gluon is not None:
         ], [1], [24])  # fmt: skip
 
 
+LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)  # one consumer warpgroup (plus the loader warp), 128 registers
+
+
+def descriptors(q, k_cache, v_cache, block_n: int):
+    """TMA descriptors of the query (a 64-row 3-D box per (sequence, KV head)) and of the caches' rows (one box
+    per page, or per tile for pages larger than the tile)."""
+    head_dim, page = q.shape[-1], k_cache.shape[1]
+    dtype = gl_dtype(q.dtype)
+    q_layout = gl.NVMMASharedLayout.get_default_for([1, ROWS, head_dim], dtype)
+    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, ROWS, head_dim], q_layout)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+    box = min(page, block_n)
+    return q_desc, row_descriptor(k_cache, box, kv_layout), row_descriptor(v_cache, box, kv_layout)
+
+
 def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False):
     """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
     log-sum-exps for `decode._reduce_kernel`."""
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    dtype = gl_dtype(q.dtype)
-    q_layout = gl.NVMMASharedLayout.get_default_for([1, ROWS, head_dim], dtype)
-    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, ROWS, head_dim], q_layout)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], dtype)
-    box = min(page, config.block_n)
-    kc_desc, vc_desc = row_descriptor(k_cache, box, kv_layout), row_descriptor(v_cache, box, kv_layout)
+    q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n)
     direct = num_splits == 1
     part_strides = (0, 0, 0) if direct else part.stride()[:3]
     _ws_decode_kernel[(kv_heads, batch, num_splits)](
@@ -232,7 +242,6 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides,
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
-        STAGES=config.num_stages, PAGE=page, DIRECT=direct, PDL=pdl, num_warps=4, maxnreg=128,
-        launch_pdl=pdl,
+        STAGES=config.num_stages, PAGE=page, DIRECT=direct, PDL=pdl, launch_pdl=pdl, **LAUNCH_OPTIONS,
     )  # fmt: skip
     return out

@@ -16,6 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.attention import decode, decode_ws, gluon_sm90, kv_write
+from kernels.attention.configs import TABLES
 
 FLOATS = ("scale", "softcap", "qk_scale")
 PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64"}
@@ -40,7 +41,7 @@ def compile_ptx(fn, constexprs, descriptors=None, **options) -> str:
     else:
         source = ASTSource
     src = source(fn=fn, signature=sig, constexprs=constexprs, attrs={})
-    options = dict(num_warps=4, launch_pdl=True, **options)
+    options = {"num_warps": 4, **options, "launch_pdl": True}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
@@ -57,17 +58,16 @@ def before_wait(ptx: str) -> dict:
 
 
 def gluon_decode_ptx() -> str:
-    from triton.experimental.gluon import language as gl
     from triton.runtime.jit import mangle_type
 
     q = torch.empty(8, 32, 128, dtype=torch.float16)
     cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
-    q_layout = gl.NVMMASharedLayout.get_default_for([1, 64, 128], gl.float16)
-    q_desc = gluon_sm90.TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 64, 128], q_layout)
-    kv_desc = gluon_sm90.row_descriptor(cache, 16, gl.NVMMASharedLayout.get_default_for([64, 128], gl.float16))
-    descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kv_desc), "vc_desc": mangle_type(kv_desc)}
-    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=128, BLOCK_N=64, STAGES=4, PAGE=16, DIRECT=False, PDL=True)
-    return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, maxnreg=128)
+    config = TABLES["sm_90"].decode_ws_config(128)
+    q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
+    descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
+    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=128, BLOCK_N=config.block_n, STAGES=config.num_stages, PAGE=16)
+    consts.update(DIRECT=False, PDL=True)
+    return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
 
 
 def main() -> None:

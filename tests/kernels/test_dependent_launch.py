@@ -1,7 +1,6 @@
 """Programmatic dependent launch of the decode kernels: where it is used, and that a decode launched this way
 still reads what the kernels before it wrote (the KV write's new rows, the split partials for the reduce)."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -91,12 +90,25 @@ def test_dependent_launch_changes_no_result_bit():
     k_cache, v_cache, tables = make_paged(lens, 16, 8, 128, torch.bfloat16)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     q = torch.randn(3, 32, 128, device=DEV, dtype=torch.bfloat16)
-    results = []
-    for pdl in (True, False):
-        kept = TABLES["sm_90"]
-        TABLES["sm_90"] = dataclasses.replace(kept, pdl=pdl)
-        try:
-            results.append(decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.09, None, 16))
-        finally:
-            TABLES["sm_90"] = kept
-    assert torch.equal(results[0], results[1])
+
+    def run():
+        return decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.09, None, 16)
+
+    dependent = run()
+    with configs.without_dependent_launch(device_for(q)):
+        assert not configs.dependent_launch(device_for(q))
+        plain = run()
+    assert torch.equal(dependent, plain)
+
+
+def test_without_dependent_launch_turns_the_arch_off_for_the_block_and_back_even_on_error():
+    sm90 = sim_device((9, 0), mode=TritonMode.COMPILED)
+    before = TABLES["sm_90"]
+    on = configs.dependent_launch(sm90)
+    with configs.without_dependent_launch(sm90):
+        assert not configs.dependent_launch(sm90)
+        assert TABLES["sm_90"].decode == before.decode  # only the flag differs
+    assert configs.dependent_launch(sm90) == on and TABLES["sm_90"] is before
+    with pytest.raises(RuntimeError), configs.without_dependent_launch(sm90):
+        raise RuntimeError("a failing timing")
+    assert TABLES["sm_90"] is before
