@@ -269,8 +269,8 @@ def main():
     parser.add_argument(
         "--tune",
         action="store_true",
-        help="first pick the Triton decode/prefill configs by a sweep and run every row with them (no "
-        "deep or Gluon decode config, no warp-specialized prefill)",
+        help="first pick the Triton decode/prefill configs by a sweep and run the decode and prefill rows with "
+        "them (no deep or Gluon decode config, no warp-specialized prefill; the decode-step table keeps the plan)",
     )
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--prefill-only", action="store_true", help="skip the decode grid")
