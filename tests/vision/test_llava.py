@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from transformers import LlavaForConditionalGeneration
 
 from llm.errors import WeightMismatchError
@@ -52,14 +51,6 @@ def test_image_parts_as_path_bytes_and_data_url(family, llm, tmp_path):
     assert all(list(o.token_ids) == expected for o in outs)
 
 
-def _relayout(src, dst, rename):
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (dst / f.name).write_bytes(f.read_bytes())
-    save_file({rename(k): v for k, v in load_file(src / "model.safetensors").items()}, dst / "model.safetensors")
-
-
 def test_every_checkpoint_layout_loads(family, model_dir, tmp_path):
     """transformers 5 names (model.language_model.*, lm_head) and vision_tower.vision_model.* load the same."""
 
@@ -68,12 +59,12 @@ def test_every_checkpoint_layout_loads(family, model_dir, tmp_path):
         k = k.replace("vision_tower.", "model.vision_tower.vision_model.")
         return k.replace("multi_modal_projector.", "model.multi_modal_projector.")
 
-    _relayout(model_dir, tmp_path / "new", new_layout)
+    checks.relayout(model_dir, tmp_path / "new", new_layout)
     processor, ours, _ = family
     prompt = type(ours).process_prompt(processor, checks.conversations(image)["one_image"], {})
     relaid = load_model(tmp_path / "new", dtype=torch.float32, progress=False)
     assert rel_err(our_prompt_logits(relaid, prompt), our_prompt_logits(ours, prompt)) < 1e-6
-    _relayout(model_dir, tmp_path / "bad", lambda k: k.replace("multi_modal_projector.", "mm_proj."))
+    checks.relayout(model_dir, tmp_path / "bad", lambda k: k.replace("multi_modal_projector.", "mm_proj."))
     with pytest.raises(WeightMismatchError, match="mm_proj.linear_1.weight"):
         load_model(tmp_path / "bad", dtype=torch.float32, progress=False)
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
 from llm.weights import load_model
@@ -62,16 +61,12 @@ def test_transformers5_layout_loads(setup, tmp_path):
     """model.language_model.* / model.visual.* (transformers >= 5) load like model.* / visual.*."""
     checks_, family, llm = setup
     processor, ours, _ = family
-    src, dst = Path(llm.config.model), tmp_path / "new"
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (dst / f.name).write_bytes(f.read_bytes())
+    dst = tmp_path / "new"
 
     def rename(k):
         return "model." + k if k.startswith("visual.") else k.replace("model.", "model.language_model.", 1)
 
-    save_file({rename(k): v for k, v in load_file(src / "model.safetensors").items()}, dst / "model.safetensors")
+    checks.relayout(Path(llm.config.model), dst, rename)
     prompt = type(ours).process_prompt(processor, conversations(image)["one_image"], {})
     relaid = load_model(dst, dtype=torch.float32, progress=False)
     assert rel_err(our_prompt_logits(relaid, prompt), our_prompt_logits(ours, prompt)) < 1e-6
