@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from kernels.attention import gluon_sm90
+from kernels.attention import decode, gluon_sm90, reference
 from kernels.device import DeviceInfo, TritonMode
 
 ON_GPU = torch.cuda.is_available()
@@ -47,6 +47,32 @@ def make_paged(lens, page, kv_heads, head_dim, dtype, extra_blocks=3):
         tables[i, :used] = perm[at : at + used]
         at += used
     return k_cache, v_cache, tables
+
+
+def chunk_rows(cache, tables, pairs):
+    """The rows of each sequence's new tokens, read back from its pages (pairs: (kv_len, new tokens) per
+    sequence): what the engine just wrote."""
+    rows = [reference._gather_paged(cache, tables[i], kv)[kv - n :] for i, (kv, n) in enumerate(pairs)]
+    return torch.cat(rows).contiguous()
+
+
+def decode_case(lens, page, q_heads, kv_heads, head_dim, dtype, window, splits, config, softcap=0.0, device=None,
+                q=None):  # fmt: skip
+    """(out, float64 reference) of paged decode over random caches holding `lens` keys (shuffled pages); the
+    output is poisoned first. `q` (default random) may be a strided view."""
+    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    if q is None:
+        q = torch.randn(len(lens), q_heads, head_dim, device=DEV).to(dtype)
+    out = poisoned_like(q)
+    scale = head_dim**-0.5
+    decode.paged_decode_attention(
+        q, k_cache, v_cache, tables, seq_lens, scale, window, splits, out, softcap, device=device, config=config
+    )
+    ref = reference.paged_decode_attention(
+        q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, scale, window, None, None, softcap
+    )
+    return out, ref
 
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:

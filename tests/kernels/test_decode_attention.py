@@ -6,7 +6,7 @@ CPU: tiny shapes under TRITON_INTERPRET=1. GPU: the same cases at real sizes.
 import pytest
 import torch
 
-from kernels.attention import decode, decode_ws, reference
+from kernels.attention import decode, decode_ws
 from kernels.attention.configs import TABLES
 from tests.kernels.attention_helpers import (
     ARCHS,
@@ -14,8 +14,8 @@ from tests.kernels.attention_helpers import (
     DTYPES,
     ON_GPU,
     assert_close,
+    decode_case,
     make_paged,
-    poisoned_like,
     sim_device,
 )
 
@@ -28,30 +28,9 @@ def _lens(page):
 
 
 def _run(group, head_dim, dtype, splits, page, window=None, softcap=0.0, device=None, config=None, lens=None):
-    lens = lens or _lens(page)
     kv_heads = KV_HEADS if ON_GPU or group < 8 else 1
-    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    q = torch.randn(len(lens), kv_heads * group, head_dim, device=DEV).to(dtype)
-    out = poisoned_like(q)
-    decode.paged_decode_attention(
-        q,
-        k_cache,
-        v_cache,
-        tables,
-        seq_lens,
-        head_dim**-0.5,
-        window,
-        splits,
-        out,
-        softcap,
-        device=device,
-        config=config,
-    )
-    ref = reference.paged_decode_attention(
-        q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, head_dim**-0.5, window, None, None, softcap
-    )
-    return out, ref
+    lens = lens or _lens(page)
+    return decode_case(lens, page, kv_heads * group, kv_heads, head_dim, dtype, window, splits, config, softcap, device)
 
 
 CASES = [  # group (GQA ratio), head_dim, splits, page, dtype on CPU (a GPU runs every dtype)

@@ -6,10 +6,10 @@ The kernel runs on an sm_90 GPU only (Gluon has no interpreter); its choice (`de
 import pytest
 import torch
 
-from kernels.attention import decode, decode_ws, gluon_sm90, reference
+from kernels.attention import decode, decode_ws, gluon_sm90
 from kernels.attention.configs import TABLES, WsDecodeConfig
 from kernels.device import DeviceInfo, TritonMode, device_for
-from tests.kernels.attention_helpers import DEV, SM90, assert_close, make_paged, needs_sm90, poisoned_like, sim_device
+from tests.kernels.attention_helpers import DEV, SM90, assert_close, decode_case, needs_sm90, sim_device
 
 CONFIG = TABLES["sm_90"].decode_ws_config(128)
 
@@ -45,24 +45,9 @@ def test_supports_refuses_what_it_cannot_read():
     assert not decode_ws.supports(spread, cache, cache, 0.0)  # heads not adjacent: no TMA box over them
 
 
-def _run(lens, page, q_heads, kv_heads, head_dim, dtype, window, splits, config, softcap=0.0, q=None):
-    k_cache, v_cache, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    if q is None:
-        q = torch.randn(len(lens), q_heads, head_dim, device=DEV).to(dtype)
-    out = poisoned_like(q)
-    decode.paged_decode_attention(
-        q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, window, splits, out, softcap, config=config
-    )
-    ref = reference.paged_decode_attention(
-        q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, head_dim**-0.5, window, None, None, softcap
-    )
-    return out, ref
-
-
 def test_a_ws_config_falls_back_to_the_triton_kernel_where_it_cannot_run():
     """On CPU (and for a softcap anywhere) a WsDecodeConfig runs the Triton kernel with the same split count."""
-    out, ref = _run([1, 17, 40], 16, 8, 2, 64, torch.float16, None, 3, WsDecodeConfig(64, 4, 1), softcap=20.0)
+    out, ref = decode_case([1, 17, 40], 16, 8, 2, 64, torch.float16, None, 3, WsDecodeConfig(64, 4, 1), softcap=20.0)
     assert_close(out, ref, torch.float16)
 
 
@@ -86,7 +71,7 @@ RUNS = [(None, 1), (None, 3), (None, 32), (1, 1), (7, 2), (100, 4), (1000, 16)] 
 def test_ws_decode_matches_reference(page, q_heads, kv_heads, head_dim, dtype):
     for window, splits in RUNS:
         config = TABLES["sm_90"].decode_ws_config(head_dim, dtype)
-        out, ref = _run(LENS, page, q_heads, kv_heads, head_dim, dtype, window, splits, config)
+        out, ref = decode_case(LENS, page, q_heads, kv_heads, head_dim, dtype, window, splits, config)
         assert_close(out, ref, dtype)
 
 
@@ -95,14 +80,16 @@ def test_ws_decode_matches_reference(page, q_heads, kv_heads, head_dim, dtype):
 def test_ws_decode_tile_shapes(block_n, stages, page):
     """Tiles smaller than a page (a box per tile) and larger (a box per page)."""
     for window, splits in RUNS[1:4]:
-        out, ref = _run(LENS, page, 32, 8, 128, torch.float16, window, splits, WsDecodeConfig(block_n, stages, 1))
+        out, ref = decode_case(
+            LENS, page, 32, 8, 128, torch.float16, window, splits, WsDecodeConfig(block_n, stages, 1)
+        )
         assert_close(out, ref, torch.float16)
 
 
 @needs_sm90
 def test_ws_decode_reads_a_query_inside_a_fused_projection():
     qkv = torch.randn(5, 32 + 2 * 8, 128, device=DEV, dtype=torch.float16)
-    out, ref = _run([5, 100, 300, 17, 64], 16, 32, 8, 128, torch.float16, None, 4, CONFIG, q=qkv[:, :32])
+    out, ref = decode_case([5, 100, 300, 17, 64], 16, 32, 8, 128, torch.float16, None, 4, CONFIG, q=qkv[:, :32])
     assert_close(out, ref, torch.float16)
 
 
@@ -114,5 +101,5 @@ def test_the_plan_runs_the_ws_kernel_on_a_small_batch():
     tables = torch.zeros(1, 256, dtype=torch.int32, device=DEV)
     count, config = decode.decode_plan(q, cache, tables, device_for(q))
     assert config == CONFIG and count > 1
-    out, ref = _run([4096], 16, 32, 8, 128, torch.float16, None, None, None)
+    out, ref = decode_case([4096], 16, 32, 8, 128, torch.float16, None, None, None)
     assert_close(out, ref, torch.float16)

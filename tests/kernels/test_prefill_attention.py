@@ -11,6 +11,7 @@ from tests.kernels.attention_helpers import (
     DTYPES,
     ON_GPU,
     assert_close,
+    chunk_rows,
     make_paged,
     poisoned_like,
     sim_device,
@@ -28,12 +29,6 @@ def _batch(page):
     return [(5, 5), (page + 1, 1), (2 * page + 3, page + 2), (page - 1, page - 1)]
 
 
-def _chunk_rows(cache, tables, pairs):
-    """The rows of each sequence's new tokens, read back from its pages: what the engine just wrote."""
-    rows = [reference._gather_paged(cache, tables[i], kv)[kv - n :] for i, (kv, n) in enumerate(pairs)]
-    return torch.cat(rows).contiguous()
-
-
 def _run(group, head_dim, dtype, page, causal=True, window=None, softcap=0.0, device=None, config=SMALL, rows=False):
     pairs = _batch(page)
     lens = [kv for kv, _ in pairs]
@@ -45,7 +40,7 @@ def _run(group, head_dim, dtype, page, causal=True, window=None, softcap=0.0, de
     q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
     out = poisoned_like(q)
     args = (tables, cu, seq_lens, head_dim**-0.5, max(new), causal, window, softcap)
-    kv = (_chunk_rows(k_cache, tables, pairs), _chunk_rows(v_cache, tables, pairs)) if rows else (None, None)
+    kv = (chunk_rows(k_cache, tables, pairs), chunk_rows(v_cache, tables, pairs)) if rows else (None, None)
     prefill.paged_prefill_attention(q, k_cache, v_cache, *args, *kv, device=device, config=config, out=out)
     ref = reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
     return out, ref

@@ -8,7 +8,7 @@ import torch
 
 from kernels.attention import prefill, reference, varlen
 from kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
-from tests.kernels.attention_helpers import DEV, SM90, assert_close, make_paged, needs_sm90, poisoned_like
+from tests.kernels.attention_helpers import DEV, SM90, assert_close, chunk_rows, make_paged, needs_sm90, poisoned_like
 
 
 def test_only_sm90_has_a_warp_specialized_config():
@@ -54,18 +54,12 @@ def _paged_case(page, group, head_dim, dtype, window=None):
     cu = torch.tensor([0] + new, device=DEV).cumsum(0).to(torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     q = torch.randn(sum(new), kv_heads * group, head_dim, device=DEV).to(dtype)
-    k, v = _rows(k_cache, tables, PAIRS), _rows(v_cache, tables, PAIRS)
+    k, v = chunk_rows(k_cache, tables, PAIRS), chunk_rows(v_cache, tables, PAIRS)
     args = (tables, cu, seq_lens, head_dim**-0.5, max(new), True, window, 0.0)
     assert prefill.ws_plan(q, k, v, k_cache, v_cache, True, window, 0.0, None, None) is not None
     out = poisoned_like(q)
     prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
     return out, reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
-
-
-def _rows(cache, tables, pairs):
-    return torch.cat(
-        [reference._gather_paged(cache, tables[i], kv)[kv - n :] for i, (kv, n) in enumerate(pairs)]
-    ).contiguous()
 
 
 # (kv_len, new tokens) per sequence: fresh ones of every length class around the 64-row warpgroup and 128-key
