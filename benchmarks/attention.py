@@ -3,17 +3,16 @@
     PYTHONPATH=. python benchmarks/attention.py [--out DIR] [--quick] [--tune] [--prefill-only | --decode-only]
                                                 [--decode-shapes 1x4096,8x4096]
 
-Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16,
-shuffled blocks); the heuristic's config and split count against fixed split counts
-for each of the arch's decode configs (the Triton config, the deep one-wave config and, on sm_90, the
-warp-specialized Gluon kernel's: `gluon blk/stages`), timed as CUDA-graph replays of at least 16 calls over enough KV
-copies to defeat the L2 (>= 256 MB per replay), against SDPA on contiguous KV and the device-to-device
-copy bandwidth measured in the same run; the plan is also timed without programmatic dependent launch (sm_90),
-and a decode step (the KV write, then decode) with and without it. Prefill: causal, heads 32/8, head_dim 128,
-TFLOP/s against SDPA (K/V expanded to 32 heads) for fresh sequences, on the engine's
-path (the chunk's own K/V rows; the dispatch's kernel and the Triton kernel) and with every
-key from the pages; plus chunks after a cached prefix. The decode grid took ~1 minute on an H200 (2026-11-30, three
-configs x 7 split counts per row, compiled kernels cached).
+Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16, shuffled blocks); the heuristic's
+config and split count against fixed split counts for each of the arch's decode configs (the Triton config, the
+deep one-wave config and, on sm_90, the warp-specialized Gluon kernel's two - one and two CTAs per SM: `gluon
+blk/stages`), timed as CUDA-graph replays of at least 16 calls over enough KV copies to defeat the L2 (>= 256 MB
+per replay), against SDPA on contiguous KV and the device-to-device copy bandwidth measured in the same run; the
+plan is also timed without programmatic dependent launch (sm_90), and a decode step (the KV write, then decode)
+with and without it. Prefill: causal, heads 32/8, head_dim 128, TFLOP/s against SDPA (K/V expanded to 32 heads) for
+fresh sequences, on the engine's path (the chunk's own K/V rows; the dispatch's kernel and the Triton kernel) and
+with every key from the pages; plus chunks after a cached prefix. The decode grid took ~1 minute on an H200
+(2026-11-30, four configs x 7 split counts per row, compiled kernels cached).
 Writes attention_<device>.json and .md under --out and prints the tables.
 """
 
@@ -285,7 +284,9 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
            "decode_config": str(table.decode_config(128)), "decode_deep_config": str(table.decode_deep_config(128)),
-           "decode_ws_config": str(table.decode_ws_config(128)), "prefill_config": str(table.prefill_config(128)),
+           "decode_ws_config": str(table.decode_ws_config(128)),
+           "decode_ws_waves_config": str(table.decode_ws_waves_config(128)),
+           "prefill_config": str(table.prefill_config(128)),
            "prefill_ws_config": str(table.prefill_ws_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None

@@ -42,7 +42,8 @@ def markdown(res):
         f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
         f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
         f"Decode config {res['decode_config']} (for one-wave grids: warp-specialized "
-        f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}); "
+        f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}; for grids of several waves: "
+        f"warp-specialized {res.get('decode_ws_waves_config')}); "
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
         "ours: the calls launched with programmatic dependent launch where the arch has it (each call's prologue "

@@ -24,7 +24,9 @@ Facts the tables rest on (per SM unless said otherwise):
   warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
   per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
   on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
-  Gluon kernel (`decode_ws`).
+  Gluon kernel (`decode_ws`, one CTA per SM); at head_dim 128 the Gluon kernel
+  with a shallower ring (`decode_ws_waves`, two CTAs per SM) takes the grids
+  beyond one wave of `decode_ws`.
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (M = 16 rows in Triton, the smallest tl.dot;
@@ -84,12 +86,13 @@ class WsPrefillConfig:
 
 @dataclass(frozen=True, slots=True)
 class WsDecodeConfig:
-    """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup), for
-    grids of one wave of it (splits.deep_splits with its ctas_per_sm)."""
+    """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup): for
+    grids of one wave of it (ArchTable.decode_ws; splits.deep_splits with its ctas_per_sm), or of any size
+    (ArchTable.decode_ws_waves; the wave model's split count)."""
 
     block_n: int  # KV tokens per tile
     num_stages: int  # K/V tiles in the loader's ring
-    ctas_per_sm: int  # the grid it is meant for: at most this many CTAs per SM, one wave
+    ctas_per_sm: int  # CTAs resident per SM (its shared memory admits that many): the plan's wave size
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +109,10 @@ class ArchTable:
     # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs; with a sliding window
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
-    # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs
+    # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs: for grids of one wave of it,
+    # and (decode_ws_waves) at more CTAs per SM, for the grids beyond that; only where measured
     decode_ws: dict[int, WsDecodeConfig] = field(default_factory=dict)
+    decode_ws_waves: dict[int, WsDecodeConfig] = field(default_factory=dict)
     # programmatic dependent launch (griddepcontrol, sm_90+): the decode kernels start while their predecessor
     # runs and wait for it only before the loads that depend on it
     pdl: bool = False
@@ -123,6 +128,10 @@ class ArchTable:
     def decode_ws_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsDecodeConfig | None:
         """The warp-specialized decode's config, or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
         return self.decode_ws.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
+
+    def decode_ws_waves_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsDecodeConfig | None:
+        """The warp-specialized decode's config for grids beyond one wave of `decode_ws`, or None."""
+        return self.decode_ws_waves.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -247,6 +256,13 @@ TABLES: dict[str, ArchTable] = {
         # at L=4k); at head_dim 64, 128-key tiles (136 KB) 6-14% less time than the Triton kernel's plan on all 14
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1)},
+        # the same kernel with a 2-stage ring (80 KB: two CTAs per SM) for the grids beyond one wave of it, once
+        # its loader looked a group of tiles' pages up at once. On the H200 (2026-11-30, the 16 fp16 decode
+        # shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of the 9 grids of more than 132
+        # (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k 64.1 vs 65.4), 0.8% more
+        # at 32/8 B=128 L=512; behind the one-CTA config on most grids that config fits (B=1: up to 2%).
+        # Unmeasured at head_dim 64 (its Triton configs stay).
+        decode_ws_waves={128: WD(64, 2, 2)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
         pdl=True,

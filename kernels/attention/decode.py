@@ -8,9 +8,10 @@ on grids of many waves). The query heads sharing the KV head are packed as the
 rows of one tile (padded to 16, the smallest tl.dot), the split's share of the
 context is streamed in BLOCK_N-token chunks through the block table, and the
 result is either written directly (one split) or as an fp32 partial output plus
-its log-sum-exp (base 2), merged by `_reduce_kernel`. On sm_90, grids of one
-wave at head_dim 64/128 run the warp-specialized Gluon kernel of `decode_ws.py`
-instead (`decode_plan` decides); it writes the same partials.
+its log-sum-exp (base 2), merged by `_reduce_kernel`. On sm_90 the warp-specialized
+Gluon kernel of `decode_ws.py` runs instead where the arch table has a config for it
+(`decode_plan` decides: grids of one wave of it at head_dim 64/128, and at head_dim
+128 the grids beyond that, at two CTAs per SM); it writes the same partials.
 
 Each sequence divides its own visible range [max(0, len - window), len) among
 the splits on the device, so the launch depends only on host-known integers
@@ -23,7 +24,7 @@ contiguous; a token's row for one KV head is head_dim contiguous elements.
 Programmatic dependent launch (where the arch table's `pdl` holds: sm_90): the
 decode kernel is launched while the kernel before it (the KV write, in a decode
 step) still runs, loads its sequence length (and, in the Gluon kernel, the first
-tile's pages: the block table and lengths are the engine's inputs, written before
+tiles' pages: the block table and lengths are the engine's inputs, written before
 the step) and then waits (griddepcontrol.wait) before reading q and the cache,
 which that kernel writes. The reduce kernel lets the next kernel launch at its
 start and waits before reading the partials. tests/kernels/sm90_ptx.py checks the
@@ -185,19 +186,20 @@ def decode_plan(
     q, k_cache, block_tables, device, num_splits: int | None = None
 ) -> tuple[int, DecodeConfig | WsDecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
-    width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config: first the
-    warp-specialized Gluon kernel's (sm_90, decode_ws.py), then the deep-pipeline Triton config; else the arch's
-    config with the wave model's split count. A given `num_splits` is kept, with a one-wave config only where it
-    is that config's own count (the engine passes the config it planned with too: `config=`)."""
+    width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
+    one_wave_configs' order); else the arch's config for grids of several waves (many_wave_config) with the wave
+    model's split count. A given `num_splits` is kept, with a one-wave config only where it is that config's own
+    count (the engine passes the config it planned with too: `config=`)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
-    for one_wave in one_wave_configs(table, device, head_dim, q.dtype, q_heads // kv_heads, page):
+    group = q_heads // kv_heads
+    for one_wave in one_wave_configs(table, device, head_dim, q.dtype, group, page):
         count = split_model.deep_splits(units, max_context, _sm_count(device), one_wave.ctas_per_sm)
         if count is not None and num_splits in (None, count):
             return count, one_wave
-    config = table.decode_config(head_dim, q.dtype)
+    config = many_wave_config(table, device, head_dim, q.dtype, group, page)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     return num_splits, config
@@ -205,9 +207,18 @@ def decode_plan(
 
 def one_wave_configs(table, device, head_dim: int, dtype, group: int, page: int) -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: the warp-specialized Gluon
-    kernel's (where decode_ws is available for this query group and page size), then the deep Triton config."""
-    ws = table.decode_ws_config(head_dim, dtype) if decode_ws.available(device, group, page) else None
-    return [c for c in (ws, table.decode_deep_config(head_dim, dtype)) if c is not None]
+    kernel's (where decode_ws is available for this query group and page size) at one CTA per SM, then at two
+    (decode_ws_waves), then the deep Triton config."""
+    ws = [table.decode_ws_config, table.decode_ws_waves_config] if decode_ws.available(device, group, page) else []
+    configs = [get(head_dim, dtype) for get in ws] + [table.decode_deep_config(head_dim, dtype)]
+    return [c for c in configs if c is not None]
+
+
+def many_wave_config(table, device, head_dim: int, dtype, group: int, page: int) -> DecodeConfig | WsDecodeConfig:
+    """The arch's config for grids of several waves: the warp-specialized Gluon kernel's decode_ws_waves where
+    there is one and decode_ws is available, else the Triton config."""
+    ws = table.decode_ws_waves_config(head_dim, dtype) if decode_ws.available(device, group, page) else None
+    return ws or table.decode_config(head_dim, dtype)
 
 
 def decode_splits(

@@ -82,23 +82,48 @@ def test_decode_sm90_shallow_and_deep_configs_run_here(head_dim):
 
 
 def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
-    """On sm_90 a grid of one wave runs the Gluon kernel's config (one CTA per SM, where Gluon is there), else
-    the deep Triton config (two CTAs per SM, splits reading >= 128 keys); a given split count keeps the config it
-    is the own count of. Computes the right thing (on an sm_90 GPU through the kernel planned)."""
+    """On sm_90 a grid of one wave runs the Gluon kernel's config (one CTA per SM, where Gluon is there), then
+    the same kernel at two CTAs per SM, else the deep Triton config (two CTAs per SM, splits reading >= 128 keys);
+    a given split count keeps the config it is the own count of. Computes the right thing (on an sm_90 GPU
+    through the kernel planned)."""
     device = sim_device((9, 0), sm_count=KV_HEADS)  # one sequence's KV heads: one CTA per SM with one split
     q = torch.empty(1, KV_HEADS * 4, 128, dtype=torch.float16, device="meta")
     k_cache = torch.empty(1, 16, KV_HEADS, 128, dtype=torch.float16, device="meta")
     tables = torch.empty(1, 70, dtype=torch.int32, device="meta")  # what make_paged builds for 1100 tokens
-    deep, ws = TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128)
+    table = TABLES["sm_90"]
+    deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
     if decode_ws.available(device, 4, 16):
         assert decode.decode_plan(q, k_cache, tables, device) == (1, ws)
         assert decode.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
+        assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, waves)  # two CTAs per SM
+        assert decode.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, waves)  # two waves of it
     else:
         assert decode.decode_plan(q, k_cache, tables, device) == (2, deep)
-    assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count
-    assert decode.decode_plan(q, k_cache, tables, device, num_splits=4)[1] not in (deep, ws)  # two waves: shallow
+        assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count
+        assert decode.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, table.decode_config(128))
     out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
     assert_close(out, ref, torch.float16)
+
+
+def test_decode_plan_of_a_grid_of_several_waves():
+    """Beyond one wave of every one-wave config, sm_90 at head_dim 128 plans the Gluon kernel at two CTAs per SM
+    (where Gluon is there) and other head dims, dtypes and archs the Triton config, each with the wave model's
+    split count for that config."""
+    sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
+    cache = torch.empty(1, 16, 8, 128, dtype=torch.float16, device="meta")
+    tables = torch.empty(128, 128, dtype=torch.int32, device="meta")  # 128 sequences of 2k keys: 1024 units
+    q = torch.empty(128, 32, 128, dtype=torch.float16, device="meta")
+    waves = TABLES["sm_90"].decode_ws_waves_config(128)
+    expected = waves if decode_ws.available(sm90, 4, 16) else TABLES["sm_90"].decode_config(128)
+    assert decode.decode_plan(q, cache, tables, sm90) == (
+        decode.decode_splits(q, cache, tables, sm90, expected),
+        expected,
+    )
+    assert decode.decode_plan(q, cache, tables, sm80)[1] == TABLES["sm_80"].decode_config(128)
+    q32, cache32 = q.to(torch.float32), cache.to(torch.float32)
+    assert decode.decode_plan(q32, cache32, tables, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
+    q64, cache64 = q[..., :64], cache[..., :64]
+    assert decode.decode_plan(q64, cache64, tables, sm90)[1] == TABLES["sm_90"].decode_config(64)
 
 
 def test_decode_empty_sequence_is_zero_not_nan():

@@ -24,6 +24,24 @@ def test_only_sm90_has_a_warp_specialized_decode_config():
                 assert config is None or isinstance(config, WsDecodeConfig)
 
 
+def test_ws_configs_fit_exactly_the_ctas_per_sm_the_plan_counts():
+    """The plan's wave is ctas_per_sm CTAs per SM: the H200's 228 KB (1 KB of it reserved per CTA) must hold that
+    many CTAs of the config and no more (registers: 160 threads x 128 allow three)."""
+    table = TABLES["sm_90"]
+    for configs in (table.decode_ws, table.decode_ws_waves):
+        for head_dim, config in configs.items():
+            per_cta = decode_ws.smem_bytes(config, head_dim, 2) + 1024
+            assert per_cta <= 227 * 1024 + 1024
+            assert config.ctas_per_sm * per_cta <= 228 * 1024 < (config.ctas_per_sm + 1) * per_cta, (head_dim, config)
+
+
+def test_page_lanes_cover_a_group_of_tiles():
+    assert decode_ws.page_lanes(WsDecodeConfig(64, 4, 1), 16) == 16  # 4 tiles of 4 pages
+    assert decode_ws.page_lanes(WsDecodeConfig(64, 3, 1), 32) == 8  # 3 tiles of 2 pages, to a power of two
+    assert decode_ws.page_lanes(WsDecodeConfig(32, 4, 1), 64) == 4  # a box per tile
+    assert decode_ws.page_lanes(WsDecodeConfig(128, 2, 1), 16) == 16
+
+
 def test_available_only_where_the_kernel_can_serve_the_model():
     sm90 = sim_device((9, 0), sm_count=132)
     cpu = DeviceInfo("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED)
@@ -84,6 +102,18 @@ def test_ws_decode_tile_shapes(block_n, stages, page):
             LENS, page, 32, 8, 128, torch.float16, window, splits, WsDecodeConfig(block_n, stages, 1)
         )
         assert_close(out, ref, torch.float16)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_ws_waves_config_over_a_grid_of_several_waves(dtype):
+    """The two-CTAs-per-SM config over more (sequence, KV head) units than one wave holds: ragged lengths,
+    1 and 3 splits, a window."""
+    config = TABLES["sm_90"].decode_ws_waves_config(128, dtype)
+    lens = [(37 * i) % 700 + 1 for i in range(40)]  # 40 sequences x 8 KV heads = 320 units > 264
+    for window, splits in ((None, 1), (None, 3), (200, 1)):
+        out, ref = decode_case(lens, 16, 32, 8, 128, dtype, window, splits, config)
+        assert_close(out, ref, dtype)
 
 
 @needs_sm90

@@ -42,7 +42,7 @@ def sm90_ptx():
 
 def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(sm90_ptx):
     """Before griddepcontrol.wait the Triton decode kernel loads only the sequence length and the Gluon one only
-    lengths and the first tile's pages (the engine's inputs), no TMA and no store; the reduce and the KV write
+    lengths and the first group of tiles' pages (the engine's inputs), no TMA and no store; the reduce and the KV write
     read nothing before it and let the next kernel launch first."""
     assert sm90_ptx["decode"] == {"before": ["ld.global"], "launches_dependents": False}
     assert sm90_ptx["reduce"] == {"before": [], "launches_dependents": True}
