@@ -1,0 +1,166 @@
+"""How far batch-1 decode is from the floor: the split plan's parts against reading the same bytes and nothing else.
+
+    PYTHONPATH=. python benchmarks/decode_floor.py [--out DIR]
+
+One sequence, heads 32/8, head_dim 128, fp16, paged KV (block 16, shuffled), the sm_90 Gluon decode config and
+its one-wave split count, at L = 1k, 4k, 16k. Every time is a CUDA-graph replay of back-to-back calls with
+programmatic dependent launch where the arch has it, over enough KV copies to defeat the L2 (graph_time_us):
+
+- plan: the decode kernel and the reduce kernel that merges its splits (what a layer runs);
+- decode kernel: the decode kernel alone (its partials), reduce: the reduce kernel alone;
+- read floor: a kernel that only reads the K/V bytes of the call (contiguous, each CTA's loads issued at once,
+  the best of 8k-64k elements per CTA) and sums them - no page table, no arithmetic to speak of, no second kernel;
+- empty kernel: a kernel that loads nothing (launch and dependent-launch wait);
+- SDPA on contiguous KV, and the time 1.5x SDPA would be.
+
+Writes decode_floor_<device>.json and .md under --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from benchmarks.gpu_timing import graph_time_us
+from benchmarks.report import save_results
+from kernels.attention import decode, decode_ws, splits
+from kernels.attention.configs import dependent_launch, gdc_launch_dependents, gdc_wait, table_for
+from kernels.device import get_device_info
+
+Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+LENGTHS = (1024, 4096, 16384)
+L2_DEFEAT = 256 << 20
+READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))  # (elements per CTA, warps) of the read floor
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, N: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    x = tl.load(x_ptr + pid.to(tl.int64) * N + tl.arange(0, N))
+    tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), 0))
+
+
+@triton.jit
+def _empty_kernel(out_ptr, PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    if tl.program_id(0) == 0:
+        tl.store(out_ptr, 1.0)
+
+
+def read_floor_us(numel: int, sets: int, pdl: bool) -> float:
+    """Best time over READ_TILES to read `numel` fp16 elements (one call per L2-defeating copy)."""
+    x = torch.randn(sets, numel, device="cuda", dtype=torch.float16)
+    out = torch.empty(numel // min(n for n, _ in READ_TILES), device="cuda")
+    best = math.inf
+    for n, warps in READ_TILES:
+        ctas = numel // n
+
+        def call(s, ctas=ctas, n=n, warps=warps):
+            _read_kernel[(ctas,)](x[s], out, N=n, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+
+        best = min(best, graph_time_us([lambda s=s: call(s) for s in range(sets)]))
+    return best
+
+
+def bench_length(length: int, device, pdl: bool) -> dict:
+    table = table_for(device)
+    config = table.decode_ws_config(HEAD_DIM, torch.float16)
+    kv_bytes = 2 * KV_HEADS * length * HEAD_DIM * 2
+    sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
+    num_blocks = sets * length // PAGE
+    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, 1, length // PAGE)
+    q = torch.randn(1, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.float16)
+    out = torch.empty_like(q)
+    lens = torch.full((1,), length, dtype=torch.int32, device="cuda")
+    scale = HEAD_DIM**-0.5
+    # the one-wave split count; where splits would read < DEEP_MIN_TOKENS keys (L=1k), as many as still read that
+    count = splits.deep_splits(KV_HEADS, length, device.sm_count, config.ctas_per_sm)
+    count = count or 1 << (length // splits.DEEP_MIN_TOKENS).bit_length() - 1
+    part = torch.empty(1, Q_HEADS, count, HEAD_DIM, device="cuda", dtype=torch.float32)
+    lse = torch.empty(1, Q_HEADS, count, device="cuda", dtype=torch.float32)
+    launch = {"launch_pdl": True} if pdl else {}
+
+    def plan(t):
+        decode.paged_decode_attention(q, k_cache, v_cache, t, lens, scale, None, count, out, config=config)
+
+    def kernel(t):
+        decode_ws.launch(q, k_cache, v_cache, t, lens, scale, None, count, out, part, lse, config, pdl)
+
+    def reduce():
+        decode._reduce_kernel[(1, Q_HEADS)](
+            part, lse, out, count, *part.stride()[:3], out.stride(0), out.stride(1), HEAD_DIM=HEAD_DIM,
+            BLOCK_D=HEAD_DIM, BLOCK_S=max(2, triton.next_power_of_2(count)), PDL=pdl, num_warps=4, **launch,
+        )  # fmt: skip
+
+    k4 = torch.randn(sets, 1, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.float16)
+    v4 = torch.randn_like(k4)
+    q4 = q.view(1, Q_HEADS, 1, HEAD_DIM)
+    flag = torch.zeros(1, device="cuda")
+    row = {"length": length, "kv_mb": kv_bytes / 2**20, "splits": count, "config": str(config)}
+    row["plan_us"] = graph_time_us([lambda t=t: plan(t) for t in perm])
+    row["kernel_us"] = graph_time_us([lambda t=t: kernel(t) for t in perm])
+    row["reduce_us"] = graph_time_us([reduce], min_calls=64)
+    row["read_floor_us"] = read_floor_us(kv_bytes // 2, sets, pdl)
+    row["empty_us"] = graph_time_us([lambda: _empty_kernel[(128,)](flag, PDL=pdl, **launch)], min_calls=64)
+    sdpa = [
+        lambda s=s: F.scaled_dot_product_attention(q4, k4[s], v4[s], scale=scale, enable_gqa=True) for s in range(sets)
+    ]
+    row["sdpa_us"] = graph_time_us(sdpa)
+    return row
+
+
+def markdown(res: dict) -> str:
+    lines = [
+        f"# Batch-1 decode against its floor on {res['device']}", "",
+        f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; programmatic "
+        f"dependent launch: {res['pdl']}. Heads {Q_HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, fp16, one sequence, "
+        f"pages of {PAGE}; CUDA-graph replays of back-to-back calls, L2 defeated (benchmarks/decode_floor.py says "
+        "what each column runs).", "",
+        "| L | KV MB | splits | plan us | decode kernel us | reduce us | read floor us | empty kernel us | SDPA us "
+        "| plan vs SDPA | 1.5x SDPA us | plan / read floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['length']} | {r['kv_mb']:.0f} | {r['splits']} | {r['plan_us']:.2f} | {r['kernel_us']:.2f} | "
+            f"{r['reduce_us']:.2f} | {r['read_floor_us']:.2f} | {r['empty_us']:.2f} | {r['sdpa_us']:.2f} | "
+            f"{r['sdpa_us'] / r['plan_us']:.2f}x | {r['sdpa_us'] / 1.5:.2f} | {r['plan_us'] / r['read_floor_us']:.2f} |"
+        )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    device = get_device_info()
+    if table_for(device).decode_ws_config(HEAD_DIM) is None or not decode_ws.available(device, 4, PAGE):
+        raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
+    pdl = dependent_launch(device)
+    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(), "pdl": pdl,
+           "rows": []}  # fmt: skip
+    for length in LENGTHS:
+        res["rows"].append(bench_length(length, device, pdl))
+        torch.cuda.empty_cache()
+    save_results(os.path.join(args.out, "decode_floor_" + device.name.replace(" ", "_")), res, markdown)
+
+
+if __name__ == "__main__":
+    main()
