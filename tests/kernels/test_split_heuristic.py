@@ -86,7 +86,9 @@ def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
     assert not splits.in_one_deep_wave(8, 34, 1 << 20, 132, 2)  # 272 CTAs: two waves
 
 
-def test_decode_plan_keeps_the_shallow_config_where_the_deep_one_does_not_apply():
+def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
+    """sm_90 at head_dim 128 (where Gluon is there): the Gluon kernel at one CTA per SM on a grid of one wave of
+    it, at two CTAs per SM on one wave of that and on grids of several waves; the Triton configs elsewhere."""
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
     def plan(batch, ctx, dev, dtype=torch.float16):
@@ -94,18 +96,22 @@ def test_decode_plan_keeps_the_shallow_config_where_the_deep_one_does_not_apply(
         k_cache = torch.empty(1, 16, 8, 128, dtype=dtype, device="meta")
         return decode_plan(q, k_cache, torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta"), dev)
 
-    deep, ws = TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128)
-    assert plan(32, 2048, dev90) == (1, deep)  # 256 units: one wave of two CTAs per SM, not of one
-    if decode_ws.available(dev90, 4, 16):  # 8 units: one wave of the Gluon kernel's one CTA per SM
-        assert plan(1, 32768, dev90) == (16, ws)
+    table = TABLES["sm_90"]
+    deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
+    if decode_ws.available(dev90, 4, 16):
+        assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
+        assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
         assert plan(1, 32768, dev90, torch.bfloat16) == (16, ws)
-        assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (the deep Triton config's 32 would read 64)
+        assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (at two CTAs per SM 32 would read 64)
+        assert plan(128, 512, dev90)[1] == waves  # 1024 units: many waves
+        assert plan(1, 1024, dev90)[1] == waves  # splits too short for any one-wave config
     else:
+        assert plan(32, 2048, dev90) == (1, deep)
         assert plan(1, 32768, dev90) == (32, deep)
-    assert plan(1, 32768, dev90, torch.float32)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
-    assert plan(128, 512, dev90)[1] == TABLES["sm_90"].decode_config(128)  # 1024 CTAs: many waves
-    assert plan(1, 1024, dev90)[1] == TABLES["sm_90"].decode_config(128)  # short splits for both
-    assert plan(32, 2048, dev90, torch.float32)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
+        assert plan(128, 512, dev90)[1] == table.decode_config(128)
+        assert plan(1, 1024, dev90)[1] == table.decode_config(128)
+    assert plan(1, 32768, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
+    assert plan(32, 2048, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
 
 
