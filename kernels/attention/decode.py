@@ -187,24 +187,18 @@ def decode_plan(
 ) -> tuple[int, DecodeConfig | WsDecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
-    one_wave_configs' order, passing over one whose splits would stream bandwidth-bound - splits.streams_long -
-    for a later one with more CTAs per SM); else the arch's config for grids of several waves (many_wave_config)
-    with the wave model's split count. A given `num_splits` is kept, with a one-wave config only where it is that
-    config's own count (the engine passes the config it planned with too: `config=`)."""
+    one_wave_configs' order); else the arch's config for grids of several waves (many_wave_config) with the wave
+    model's split count. A given `num_splits` is kept, with a one-wave config only where it is that config's own
+    count (the engine passes the config it planned with too: `config=`)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     group = q_heads // kv_heads
-    one_wave = one_wave_configs(table, device, head_dim, q.dtype, group, page)
-    for i, config in enumerate(one_wave):
-        count = split_model.deep_splits(units, max_context, _sm_count(device), config.ctas_per_sm)
-        if count is None or num_splits not in (None, count):
-            continue
-        wider = any(c.ctas_per_sm > config.ctas_per_sm for c in one_wave[i + 1 :])
-        if num_splits is None and wider and split_model.streams_long(max_context, count):
-            continue
-        return count, config
+    for one_wave in one_wave_configs(table, device, head_dim, q.dtype, group, page):
+        count = split_model.deep_splits(units, max_context, _sm_count(device), one_wave.ctas_per_sm)
+        if count is not None and num_splits in (None, count):
+            return count, one_wave
     config = many_wave_config(table, device, head_dim, q.dtype, group, page)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)

@@ -40,9 +40,7 @@ DEEP_MIN_TOKENS keys. Measured on the H200 for the deep config
 (2026-11-30, 16 shapes x two configs x splits 1..64): 1-7% faster than the
 shallow config's best split where it applies (B=32 L=2k, 8 KV heads: 65.1 vs
 69.7 us; B=1 L=4k: 12.5 vs 12.8), while grids of several waves and splits of
-one chunk keep the shallow config (64-key splits: 15.0 us deep vs 13.2). Where
-the one-CTA config's splits would read LONG_SPLIT_KEYS keys or more, the two-CTA
-one takes the grid with twice the splits (streaming, not latency, bounds them). Grids
+one chunk keep the shallow config (64-key splits: 15.0 us deep vs 13.2). Grids
 of several waves take `decode_ws_waves` where the arch has it (sm_90, head_dim
 128), else the shallow config, with the wave model's count for that config.
 """
@@ -60,12 +58,6 @@ T0_US = 1.0  # per-wave prologue/epilogue latency (block-table, q and seq_len lo
 T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
 TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
 DEEP_MIN_TOKENS = 128  # keys a split must read for a one-wave config to pay (two 64-key tiles at head_dim 128)
-# Splits of at least this many keys stream bandwidth-bound: a one-wave config at one CTA per SM then gives way to one
-# at two with twice the splits. On the H200 (2026-11-30, fp16/bf16, Gluon decode at one and two CTAs per SM): at
-# 8k-32k keys per split two CTAs per SM took 0.2-1.7% less time (32 query / 32 KV heads, B=1, L=32k: 123.0 vs
-# 124.2 us; L=128k: 473.9 vs 479.5; 32/8 L=128k 124.7 vs 124.9), at 2k keys 2% more (32/8 L=32k: 37.4 vs 36.7),
-# at 256-1k keys up to 2% more (B=1 L=4k).
-LONG_SPLIT_KEYS = 4096
 
 
 def modelled_time_us(
@@ -113,11 +105,6 @@ def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, m
         return None
     count = 1 << (min(max_splits, slots // units).bit_length() - 1)
     return count if in_one_deep_wave(units, count, max_context, sm_count, ctas_per_sm) else None
-
-
-def streams_long(max_context: int, splits: int) -> bool:
-    """Whether `splits` splits of max_context keys read at least LONG_SPLIT_KEYS keys each."""
-    return max_context >= splits * LONG_SPLIT_KEYS
 
 
 def in_one_deep_wave(units: int, splits: int, max_context: int, sm_count: int, ctas_per_sm: int) -> bool:

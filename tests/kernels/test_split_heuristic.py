@@ -104,10 +104,6 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(1, 32768, dev90, torch.bfloat16) == (16, ws)
         assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (at two CTAs per SM 32 would read 64)
         assert plan(128, 512, dev90)[1] == waves  # 1024 units: many waves
-        # splits of >= 4096 keys at one CTA per SM stream bandwidth-bound: two CTAs per SM, twice the splits
-        assert plan(1, 131072, dev90) == (32, waves)
-        assert plan(1, 65536, dev90) == (32, waves)  # 4096 keys per split at one CTA per SM: the threshold
-        assert plan(1, 65536 - 16, dev90) == (16, ws)  # a page less: one CTA per SM
         assert plan(1, 1024, dev90)[1] == waves  # splits too short for any one-wave config
     else:
         assert plan(32, 2048, dev90) == (1, deep)
