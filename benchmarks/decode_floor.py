@@ -1,12 +1,14 @@
 """How far batch-1 decode is from the floor: the split plan's parts against reading the same bytes and nothing else.
 
-    PYTHONPATH=. python benchmarks/decode_floor.py [--out DIR]
+    python -m benchmarks.decode_floor [--out DIR]
 
 One sequence, heads 32/8, head_dim 128, fp16, paged KV (block 16, shuffled), the sm_90 Gluon decode config and
 its one-wave split count, at L = 1k, 4k, 16k. Every time is a CUDA-graph replay of back-to-back calls with
 programmatic dependent launch where the arch has it, over enough KV copies to defeat the L2 (graph_time_us):
 
-- plan: the decode kernel and the reduce kernel that merges its splits (what a layer runs);
+- plan: the decode kernel and the reduce kernel that merges its splits (what a layer runs at 4k and 16k; at 1k,
+  where no split count gives the one-CTA config >= 128 keys per split at one wave, the engine's plan differs:
+  here it keeps that config at 8 splits);
 - decode kernel: the decode kernel alone (its partials), reduce: the reduce kernel alone;
 - read floor: a kernel that only reads the K/V bytes of the call (contiguous, each CTA's loads issued at once,
   the best of 8k-64k elements per CTA) and sums them - no page table, no arithmetic to speak of, no second kernel;
@@ -102,10 +104,7 @@ def bench_length(length: int, device, pdl: bool) -> dict:
         decode_ws.launch(q, k_cache, v_cache, t, lens, scale, None, count, out, part, lse, config, pdl)
 
     def reduce():
-        decode._reduce_kernel[(1, Q_HEADS)](
-            part, lse, out, count, *part.stride()[:3], out.stride(0), out.stride(1), HEAD_DIM=HEAD_DIM,
-            BLOCK_D=HEAD_DIM, BLOCK_S=max(2, triton.next_power_of_2(count)), PDL=pdl, num_warps=4, **launch,
-        )  # fmt: skip
+        decode.reduce_partials(part, lse, out, pdl)
 
     k4 = torch.randn(sets, 1, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.float16)
     v4 = torch.randn_like(k4)

@@ -265,7 +265,7 @@ def paged_decode_attention(
     if isinstance(config, WsDecodeConfig) and not (
         decode_ws.available(device, group, page) and decode_ws.supports(q, k_cache, v_cache, softcap)
     ):
-        config = table.decode_config(head_dim, q.dtype)
+        config = triton_config(table, device, q, k_cache, block_tables, num_splits)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -297,9 +297,29 @@ def paged_decode_attention(
             num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     if not direct:
-        _reduce_kernel[(batch, q_heads)](
-            part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), PDL=pdl,
-            num_warps=4, **({"launch_pdl": True} if pdl else {}),
-        )  # fmt: skip
+        reduce_partials(part, lse, out, pdl)
     return out
+
+
+def reduce_partials(part, lse, out, pdl: bool) -> None:
+    """Merge the splits' partial outputs part [batch, q_heads, splits, head_dim] and their log-sum-exps lse
+    [batch, q_heads, splits] (contiguous) into out [batch, q_heads, head_dim]."""
+    batch, q_heads, num_splits, head_dim = part.shape
+    _reduce_kernel[(batch, q_heads)](
+        part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+    )  # fmt: skip
+
+
+def triton_config(table, device, q, k_cache, block_tables, num_splits: int) -> DecodeConfig:
+    """The Triton config for a call planned onto the Gluon kernel that cannot run it (decode_ws.supports): the
+    deep one where `num_splits` is its own one-wave count, else the arch's config."""
+    deep = table.decode_deep_config(q.shape[2], q.dtype)
+    units, max_context = q.shape[0] * k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1]
+    if (
+        deep is not None
+        and split_model.deep_splits(units, max_context, _sm_count(device), deep.ctas_per_sm) == num_splits
+    ):
+        return deep
+    return table.decode_config(q.shape[2], q.dtype)

@@ -114,13 +114,16 @@ if gluon is not None:
         # table is the engine's input, not the previous kernel's output: the first group's pages load before the
         # wait for that kernel (q and the cache's new rows are its output)
         GROUP_KEYS: gl.constexpr = STAGES * BLOCK_N
+        gl.static_assert(LANES >= STAGES * NBOX, "a lane per box of the group")
         pages = _group_pages(table, lo, last_page, n > 0, BOX, LANES, PAGE)
         if PDL:
             gdc_wait()
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
         for g in range(gl.cdiv(n, STAGES)):
-            following = _group_pages(table, lo + (g + 1) * GROUP_KEYS, last_page, n > 0, BOX, LANES, PAGE)
+            following = _group_pages(
+                table, lo + (g + 1) * GROUP_KEYS, last_page, (g + 1) * STAGES < n, BOX, LANES, PAGE
+            )
             for s in gl.static_range(STAGES):
                 j = g * STAGES + s
                 if j < n:

@@ -111,14 +111,12 @@ def test_decode_plan_of_a_grid_of_several_waves():
     split count for that config."""
     sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
     cache = torch.empty(1, 16, 8, 128, dtype=torch.float16, device="meta")
-    tables = torch.empty(128, 128, dtype=torch.int32, device="meta")  # 128 sequences of 2k keys: 1024 units
-    q = torch.empty(128, 32, 128, dtype=torch.float16, device="meta")
-    waves = TABLES["sm_90"].decode_ws_waves_config(128)
-    expected = waves if decode_ws.available(sm90, 4, 16) else TABLES["sm_90"].decode_config(128)
-    assert decode.decode_plan(q, cache, tables, sm90) == (
-        decode.decode_splits(q, cache, tables, sm90, expected),
-        expected,
-    )
+    tables = torch.empty(40, 2048, dtype=torch.int32, device="meta")  # 40 sequences of 32k keys: 320 units
+    q = torch.empty(40, 32, 128, dtype=torch.float16, device="meta")
+    waves, triton = TABLES["sm_90"].decode_ws_waves_config(128), TABLES["sm_90"].decode_config(128)
+    # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
+    expected = (9, waves) if decode_ws.available(sm90, 4, 16) else (3, triton)
+    assert decode.decode_plan(q, cache, tables, sm90) == expected
     assert decode.decode_plan(q, cache, tables, sm80)[1] == TABLES["sm_80"].decode_config(128)
     q32, cache32 = q.to(torch.float32), cache.to(torch.float32)
     assert decode.decode_plan(q32, cache32, tables, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)

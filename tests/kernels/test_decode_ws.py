@@ -69,6 +69,25 @@ def test_a_ws_config_falls_back_to_the_triton_kernel_where_it_cannot_run():
     assert_close(out, ref, torch.float16)
 
 
+def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
+    """A call the Gluon kernel cannot run keeps its planned split count on the Triton kernel: the deep config
+    where that count is the deep config's own one-wave count, else the arch's config."""
+    sm90, table = sim_device((9, 0), sm_count=132), TABLES["sm_90"]
+    deep, shallow = table.decode_deep_config(128), table.decode_config(128)
+
+    def fallback(batch, ctx, splits):
+        q = torch.empty(batch, 32, 128, dtype=torch.float16, device="meta")
+        cache = torch.empty(1, 16, 8, 128, dtype=torch.float16, device="meta")
+        tables = torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta")
+        return decode.triton_config(table, sm90, q, cache, tables, splits)
+
+    assert fallback(32, 2048, 1) == deep  # 256 units: one wave of two CTAs per SM, unsplit
+    assert fallback(32, 2048, 3) == shallow  # not the deep config's count
+    assert fallback(1, 32768, 16) == shallow  # the one-CTA Gluon count; the deep config's would be 32
+    assert fallback(1, 32768, 32) == deep
+    assert fallback(128, 2048, 1) == shallow  # many waves
+
+
 LENS = [1, 15, 16, 17, 63, 64, 65, 129, 1000, 4097]
 RUNS = [(None, 1), (None, 3), (None, 32), (1, 1), (7, 2), (100, 4), (1000, 16)]  # (window, splits)
 
