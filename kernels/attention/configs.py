@@ -291,6 +291,12 @@ def dependent_launch(device: DeviceInfo) -> bool:
     return compiled and gdc_wait is not None and table_for(device).pdl
 
 
+def pdl_options(pdl: bool) -> dict:
+    """The launch option of programmatic dependent launch, for a Triton kernel's launch (none without it: a Triton
+    older than 3.4 knows no `launch_pdl`)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 @contextlib.contextmanager
 def without_dependent_launch(device: DeviceInfo):
     """`device`'s arch table with `pdl` off for the duration of a with-block, then as it was (the attention

@@ -46,15 +46,19 @@ from kernels.attention.configs import (
     dependent_launch,
     gdc_launch_dependents,
     gdc_wait,
+    pdl_options,
     table_for,
 )
+from kernels.attention.gluon_sm90 import LOG2E
 from kernels.device import device_for
+
+_LOG2E = tl.constexpr(LOG2E)
 
 
 @triton.jit
 def _tanh(x):
     # tanh through exp2, saturating cleanly at +-1 for large |x| (no libdevice: runs in the interpreter too)
-    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * _LOG2E)) + 1.0)
 
 
 @triton.jit
@@ -88,7 +92,7 @@ def _decode_kernel(
         mask=mask_g[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_G, BLOCK_D]
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * _LOG2E
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -106,7 +110,7 @@ def _decode_kernel(
         )  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N] fp32
         if SOFTCAP:
-            s = _tanh(s * (scale / softcap)) * (softcap * 1.4426950408889634)
+            s = _tanh(s * (scale / softcap)) * (softcap * _LOG2E)
         else:
             s = s * qk_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -183,42 +187,42 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
 
 
 def decode_plan(
-    q, k_cache, block_tables, device, num_splits: int | None = None
+    q, k_cache, block_tables, device, num_splits: int | None = None, gluon: bool = True
 ) -> tuple[int, DecodeConfig | WsDecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
     one_wave_configs' order); else the arch's config for grids of several waves (many_wave_config) with the wave
     model's split count. A given `num_splits` is kept, with a one-wave config only where it is that config's own
-    count (the engine passes the config it planned with too: `config=`)."""
+    count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
+    (for a call the Gluon kernel cannot run)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
-    group = q_heads // kv_heads
-    for one_wave in one_wave_configs(table, device, head_dim, q.dtype, group, page):
+    ws = gluon and decode_ws.available(device, q_heads // kv_heads, page)
+    for one_wave in one_wave_configs(table, head_dim, q.dtype, ws):
         count = split_model.deep_splits(units, max_context, _sm_count(device), one_wave.ctas_per_sm)
         if count is not None and num_splits in (None, count):
             return count, one_wave
-    config = many_wave_config(table, device, head_dim, q.dtype, group, page)
+    config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     return num_splits, config
 
 
-def one_wave_configs(table, device, head_dim: int, dtype, group: int, page: int) -> list:
-    """The arch's configs for grids of one wave, in the order decode_plan tries them: the warp-specialized Gluon
-    kernel's (where decode_ws is available for this query group and page size) at one CTA per SM, then at two
-    (decode_ws_waves), then the deep Triton config."""
-    ws = [table.decode_ws_config, table.decode_ws_waves_config] if decode_ws.available(device, group, page) else []
-    configs = [get(head_dim, dtype) for get in ws] + [table.decode_deep_config(head_dim, dtype)]
+def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
+    """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
+    available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
+    then at two (decode_ws_waves); then the deep Triton config."""
+    gets = [table.decode_ws_config, table.decode_ws_waves_config] if ws else []
+    configs = [get(head_dim, dtype) for get in gets] + [table.decode_deep_config(head_dim, dtype)]
     return [c for c in configs if c is not None]
 
 
-def many_wave_config(table, device, head_dim: int, dtype, group: int, page: int) -> DecodeConfig | WsDecodeConfig:
-    """The arch's config for grids of several waves: the warp-specialized Gluon kernel's decode_ws_waves where
-    there is one and decode_ws is available, else the Triton config."""
-    ws = table.decode_ws_waves_config(head_dim, dtype) if decode_ws.available(device, group, page) else None
-    return ws or table.decode_config(head_dim, dtype)
+def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:
+    """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
+    kernel's decode_ws_waves where there is one, else the Triton config."""
+    return (table.decode_ws_waves_config(head_dim, dtype) if ws else None) or table.decode_config(head_dim, dtype)
 
 
 def decode_splits(
@@ -265,7 +269,7 @@ def paged_decode_attention(
     if isinstance(config, WsDecodeConfig) and not (
         decode_ws.available(device, group, page) and decode_ws.supports(q, k_cache, v_cache, softcap)
     ):
-        config = triton_config(table, device, q, k_cache, block_tables, num_splits)
+        config = triton_config(device, q, k_cache, block_tables, num_splits)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -294,7 +298,7 @@ def paged_decode_attention(
             GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
-            num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
+            num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
         )  # fmt: skip
     if not direct:
         reduce_partials(part, lse, out, pdl)
@@ -308,18 +312,11 @@ def reduce_partials(part, lse, out, pdl: bool) -> None:
     _reduce_kernel[(batch, q_heads)](
         part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        PDL=pdl, num_warps=4, **pdl_options(pdl),
     )  # fmt: skip
 
 
-def triton_config(table, device, q, k_cache, block_tables, num_splits: int) -> DecodeConfig:
-    """The Triton config for a call planned onto the Gluon kernel that cannot run it (decode_ws.supports): the
-    deep one where `num_splits` is its own one-wave count, else the arch's config."""
-    deep = table.decode_deep_config(q.shape[2], q.dtype)
-    units, max_context = q.shape[0] * k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1]
-    if (
-        deep is not None
-        and split_model.deep_splits(units, max_context, _sm_count(device), deep.ctas_per_sm) == num_splits
-    ):
-        return deep
-    return table.decode_config(q.shape[2], q.dtype)
+def triton_config(device, q, k_cache, block_tables, num_splits: int) -> DecodeConfig:
+    """The Triton config for a call planned onto the Gluon kernel that cannot run it (decode_ws.supports): what
+    decode_plan pairs with `num_splits` among the Triton configs (the deep one where the count is its own)."""
+    return decode_plan(q, k_cache, block_tables, device, num_splits, gluon=False)[1]

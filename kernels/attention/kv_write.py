@@ -13,7 +13,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention.configs import check_dtype, dependent_launch, gdc_launch_dependents, gdc_wait, table_for
+from kernels.attention.configs import (
+    check_dtype,
+    dependent_launch,
+    gdc_launch_dependents,
+    gdc_wait,
+    pdl_options,
+    table_for,
+)
 from kernels.device import device_for
 
 
@@ -68,5 +75,5 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, *, device=None):
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1], PDL=pdl,
-        num_warps=4 if kv_heads * head_dim >= 1024 else 2, **({"launch_pdl": True} if pdl else {}),
+        num_warps=4 if kv_heads * head_dim >= 1024 else 2, **pdl_options(pdl),
     )  # fmt: skip

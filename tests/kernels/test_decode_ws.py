@@ -79,7 +79,7 @@ def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
         q = torch.empty(batch, 32, 128, dtype=torch.float16, device="meta")
         cache = torch.empty(1, 16, 8, 128, dtype=torch.float16, device="meta")
         tables = torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta")
-        return decode.triton_config(table, sm90, q, cache, tables, splits)
+        return decode.triton_config(sm90, q, cache, tables, splits)
 
     assert fallback(32, 2048, 1) == deep  # 256 units: one wave of two CTAs per SM, unsplit
     assert fallback(32, 2048, 3) == shallow  # not the deep config's count
