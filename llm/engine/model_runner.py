@@ -172,7 +172,7 @@ class ModelRunner:
         """(split count, kernel config) of decode attention for a batch: the kernel's plan at the batch's graph
         bucket and max_model_len, so eager and graph decode split alike and run the config the count was planned
         for (an eager step's narrower block table would otherwise re-plan and may move a one-wave count onto
-        the Triton config). (None, None) on CPU (unused there)."""
+        another config). (None, None) on CPU (unused there)."""
         if self.device.type != "cuda":
             return None, None
         bucket = next((b for b in self.buckets if b >= batch), batch)

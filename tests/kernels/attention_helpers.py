@@ -34,6 +34,14 @@ def sim_device(capability: tuple[int, int], sm_count: int = 80, mode: TritonMode
     return DeviceInfo("cuda", f"sim-{capability}", capability, sm_count, 96 << 10, 16 << 30, capability >= (8, 0), mode)
 
 
+def plan_inputs(batch, ctx, q_heads=32, kv_heads=8, head_dim=128, dtype=torch.float16, page=16):
+    """(q, k_cache, block_tables) on the meta device: what decode's planning reads (shapes and dtype, the block
+    table's width as the context bound), with no memory behind them."""
+    q = torch.empty(batch, q_heads, head_dim, dtype=dtype, device="meta")
+    k_cache = torch.empty(1, page, kv_heads, head_dim, dtype=dtype, device="meta")
+    return q, k_cache, torch.empty(batch, ctx // page, dtype=torch.int32, device="meta")
+
+
 def make_paged(lens, page, kv_heads, head_dim, dtype, extra_blocks=3):
     """Random K/V caches and a block table with shuffled (non-contiguous) blocks and -1 past each end."""
     need = [(n + page - 1) // page for n in lens]

@@ -16,6 +16,7 @@ from tests.kernels.attention_helpers import (
     assert_close,
     decode_case,
     make_paged,
+    plan_inputs,
     sim_device,
 )
 
@@ -87,9 +88,7 @@ def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
     a given split count keeps the config it is the own count of. Computes the right thing (on an sm_90 GPU
     through the kernel planned)."""
     device = sim_device((9, 0), sm_count=KV_HEADS)  # one sequence's KV heads: one CTA per SM with one split
-    q = torch.empty(1, KV_HEADS * 4, 128, dtype=torch.float16, device="meta")
-    k_cache = torch.empty(1, 16, KV_HEADS, 128, dtype=torch.float16, device="meta")
-    tables = torch.empty(1, 70, dtype=torch.int32, device="meta")  # what make_paged builds for 1100 tokens
+    q, k_cache, tables = plan_inputs(1, 70 * 16, KV_HEADS * 4, KV_HEADS)  # make_paged's 70 pages for 1100 tokens
     table = TABLES["sm_90"]
     deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
     if decode_ws.available(device, 4, 16):
@@ -103,25 +102,6 @@ def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
         assert decode.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, table.decode_config(128))
     out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
     assert_close(out, ref, torch.float16)
-
-
-def test_decode_plan_of_a_grid_of_several_waves():
-    """Beyond one wave of every one-wave config, sm_90 at head_dim 128 plans the Gluon kernel at two CTAs per SM
-    (where Gluon is there) and other head dims, dtypes and archs the Triton config, each with the wave model's
-    split count for that config."""
-    sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
-    cache = torch.empty(1, 16, 8, 128, dtype=torch.float16, device="meta")
-    tables = torch.empty(40, 2048, dtype=torch.int32, device="meta")  # 40 sequences of 32k keys: 320 units
-    q = torch.empty(40, 32, 128, dtype=torch.float16, device="meta")
-    waves, triton = TABLES["sm_90"].decode_ws_waves_config(128), TABLES["sm_90"].decode_config(128)
-    # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
-    expected = (9, waves) if decode_ws.available(sm90, 4, 16) else (3, triton)
-    assert decode.decode_plan(q, cache, tables, sm90) == expected
-    assert decode.decode_plan(q, cache, tables, sm80)[1] == TABLES["sm_80"].decode_config(128)
-    q32, cache32 = q.to(torch.float32), cache.to(torch.float32)
-    assert decode.decode_plan(q32, cache32, tables, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
-    q64, cache64 = q[..., :64], cache[..., :64]
-    assert decode.decode_plan(q64, cache64, tables, sm90)[1] == TABLES["sm_90"].decode_config(64)
 
 
 def test_decode_empty_sequence_is_zero_not_nan():

@@ -9,7 +9,15 @@ import torch
 from kernels.attention import decode, decode_ws, gluon_sm90
 from kernels.attention.configs import TABLES, WsDecodeConfig
 from kernels.device import DeviceInfo, TritonMode, device_for
-from tests.kernels.attention_helpers import DEV, SM90, assert_close, decode_case, needs_sm90, sim_device
+from tests.kernels.attention_helpers import (
+    DEV,
+    SM90,
+    assert_close,
+    decode_case,
+    needs_sm90,
+    plan_inputs,
+    sim_device,
+)
 
 CONFIG = TABLES["sm_90"].decode_ws_config(128)
 
@@ -76,10 +84,7 @@ def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
     deep, shallow = table.decode_deep_config(128), table.decode_config(128)
 
     def fallback(batch, ctx, splits):
-        q = torch.empty(batch, 32, 128, dtype=torch.float16, device="meta")
-        cache = torch.empty(1, 16, 8, 128, dtype=torch.float16, device="meta")
-        tables = torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta")
-        return decode.triton_config(sm90, q, cache, tables, splits)
+        return decode.triton_config(sm90, *plan_inputs(batch, ctx), splits)
 
     assert fallback(32, 2048, 1) == deep  # 256 units: one wave of two CTAs per SM, unsplit
     assert fallback(32, 2048, 3) == shallow  # not the deep config's count

@@ -6,7 +6,7 @@ import torch
 from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
 from kernels.attention.decode import decode_plan, decode_splits
-from tests.kernels.attention_helpers import sim_device
+from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
 
@@ -92,9 +92,7 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
     def plan(batch, ctx, dev, dtype=torch.float16):
-        q = torch.empty(batch, 32, 128, dtype=dtype, device="meta")
-        k_cache = torch.empty(1, 16, 8, 128, dtype=dtype, device="meta")
-        return decode_plan(q, k_cache, torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta"), dev)
+        return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev)
 
     table = TABLES["sm_90"]
     deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
@@ -115,15 +113,30 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
 
 
+def test_decode_plan_of_a_grid_of_several_waves():
+    """Beyond one wave of every one-wave config, sm_90 at head_dim 128 plans the Gluon kernel at two CTAs per SM
+    (where Gluon is there) and other head dims, dtypes and archs the Triton config, each with the wave model's
+    split count for that config."""
+    sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
+    inputs = plan_inputs(40, 32768)  # 40 sequences of 32k keys, 8 KV heads: 320 units
+    waves, triton = TABLES["sm_90"].decode_ws_waves_config(128), TABLES["sm_90"].decode_config(128)
+    # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
+    expected = (9, waves) if decode_ws.available(sm90, 4, 16) else (3, triton)
+    assert decode_plan(*inputs, sm90) == expected
+    assert decode_plan(*inputs, sm80)[1] == TABLES["sm_80"].decode_config(128)
+    fp32 = plan_inputs(40, 32768, dtype=torch.float32)
+    assert decode_plan(*fp32, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
+    assert decode_plan(*plan_inputs(40, 32768, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_config(64)
+
+
 @pytest.mark.parametrize("sm_count", [78, 114, 132])
 def test_a_planned_split_count_runs_the_config_it_was_planned_with(sm_count):
-    """The engine keeps only the count (per batch bucket); the launch re-derives the config from it."""
+    """A caller that passes only a planned count (no config: the engine passes both) gets back the config the
+    count was planned with."""
     dev = sim_device((9, 0), sm_count=sm_count)
     for kv_heads in (1, 8, 32):
         for batch in (1, 2, 8, 32, 128):
             for ctx in (128, 512, 2048, 32768):
-                q = torch.empty(batch, 32, 128, dtype=torch.float16, device="meta")
-                k_cache = torch.empty(1, 16, kv_heads, 128, dtype=torch.float16, device="meta")
-                tables = torch.empty(batch, ctx // 16, dtype=torch.int32, device="meta")
+                q, k_cache, tables = plan_inputs(batch, ctx, kv_heads=kv_heads)
                 count, config = decode_plan(q, k_cache, tables, dev)
                 assert decode_plan(q, k_cache, tables, dev, count) == (count, config), (kv_heads, batch, ctx)

@@ -2,8 +2,8 @@
 
 The runner plans decode attention's (split count, kernel config) once per batch bucket at max_model_len
 and hands both to every step. An eager step's block table is only as wide as its longest sequence; planned
-from it, a one-wave count would no longer be the Gluon kernel's own and the step would run the Triton
-kernel. Skipped without an sm_90 GPU (the CPU suite checks the hand-over in tests/llm/test_layers.py)."""
+from it, a one-wave count would no longer be the one-CTA Gluon config's own and the step would run another
+config (the Gluon kernel at two CTAs per SM, or the Triton kernel). Skipped without an sm_90 GPU (the CPU suite checks the hand-over in tests/llm/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, monkeypatch):
     real = decode_ws.launch
 
     def recording_launch(*args):
-        launched.append(args[7])  # the split count
+        launched.append((args[7], args[11]))  # the split count and the config
         return real(*args)
 
     monkeypatch.setattr(decode_ws, "launch", recording_launch)
@@ -39,6 +39,6 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, monkeypatch):
         launched.clear()
         results[eager] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         if eager:  # every decode layer call (graph replays launch nothing from Python)
-            assert launched and set(launched) == {32}, launched
+            assert launched and set(launched) == {plans[1]}, launched  # (32, the planned config)
         llm.close()
     assert results[True] == results[False]
