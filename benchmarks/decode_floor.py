@@ -31,15 +31,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from benchmarks.attention import PAGE, decode_inputs
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import save_results
 from kernels.attention import decode, decode_ws, splits
-from kernels.attention.configs import dependent_launch, gdc_launch_dependents, gdc_wait, table_for
+from kernels.attention.configs import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options, table_for
 from kernels.device import get_device_info
 
-Q_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # the attention benchmark's decode inputs: head_dim 128, pages of 16
 LENGTHS = (1024, 4096, 16384)
-L2_DEFEAT = 256 << 20
 READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))  # (elements per CTA, warps) of the read floor
 
 
@@ -71,31 +71,22 @@ def read_floor_us(numel: int, sets: int, pdl: bool) -> float:
         ctas = numel // n
 
         def call(s, ctas=ctas, n=n, warps=warps):
-            _read_kernel[(ctas,)](x[s], out, N=n, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+            _read_kernel[(ctas,)](x[s], out, N=n, PDL=pdl, num_warps=warps, **pdl_options(pdl))
 
         best = min(best, graph_time_us([lambda s=s: call(s) for s in range(sets)]))
     return best
 
 
-def bench_length(length: int, device, pdl: bool) -> dict:
-    table = table_for(device)
-    config = table.decode_ws_config(HEAD_DIM, torch.float16)
-    kv_bytes = 2 * KV_HEADS * length * HEAD_DIM * 2
-    sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
-    num_blocks = sets * length // PAGE
-    k_cache = torch.randn(num_blocks, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.float16)
-    v_cache = torch.randn_like(k_cache)
-    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, 1, length // PAGE)
-    q = torch.randn(1, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.float16)
+def bench_length(length: int, device, config, pdl: bool) -> dict:
+    q, k_cache, v_cache, perm, lens, kv_bytes = decode_inputs(torch.float16, Q_HEADS, KV_HEADS, 1, length)
+    sets = perm.shape[0]
     out = torch.empty_like(q)
-    lens = torch.full((1,), length, dtype=torch.int32, device="cuda")
     scale = HEAD_DIM**-0.5
     # the one-wave split count; where splits would read < DEEP_MIN_TOKENS keys (L=1k), as many as still read that
     count = splits.deep_splits(KV_HEADS, length, device.sm_count, config.ctas_per_sm)
     count = count or 1 << (length // splits.DEEP_MIN_TOKENS).bit_length() - 1
     part = torch.empty(1, Q_HEADS, count, HEAD_DIM, device="cuda", dtype=torch.float32)
     lse = torch.empty(1, Q_HEADS, count, device="cuda", dtype=torch.float32)
-    launch = {"launch_pdl": True} if pdl else {}
 
     def plan(t):
         decode.paged_decode_attention(q, k_cache, v_cache, t, lens, scale, None, count, out, config=config)
@@ -115,7 +106,7 @@ def bench_length(length: int, device, pdl: bool) -> dict:
     row["kernel_us"] = graph_time_us([lambda t=t: kernel(t) for t in perm])
     row["reduce_us"] = graph_time_us([reduce], min_calls=64)
     row["read_floor_us"] = read_floor_us(kv_bytes // 2, sets, pdl)
-    row["empty_us"] = graph_time_us([lambda: _empty_kernel[(128,)](flag, PDL=pdl, **launch)], min_calls=64)
+    row["empty_us"] = graph_time_us([lambda: _empty_kernel[(128,)](flag, PDL=pdl, **pdl_options(pdl))], min_calls=64)
     sdpa = [
         lambda s=s: F.scaled_dot_product_attention(q4, k4[s], v4[s], scale=scale, enable_gqa=True) for s in range(sets)
     ]
@@ -148,7 +139,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     device = get_device_info()
-    if table_for(device).decode_ws_config(HEAD_DIM) is None or not decode_ws.available(device, 4, PAGE):
+    config = table_for(device).decode_ws_config(HEAD_DIM, torch.float16)
+    if config is None or not decode_ws.available(device, Q_HEADS // KV_HEADS, PAGE):
         raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
     pdl = dependent_launch(device)
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
@@ -156,7 +148,7 @@ def main() -> None:
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(), "pdl": pdl,
            "rows": []}  # fmt: skip
     for length in LENGTHS:
-        res["rows"].append(bench_length(length, device, pdl))
+        res["rows"].append(bench_length(length, device, config, pdl))
         torch.cuda.empty_cache()
     save_results(os.path.join(args.out, "decode_floor_" + device.name.replace(" ", "_")), res, markdown)
 

@@ -1,5 +1,5 @@
 """How the GPU benchmarks time kernels: CUDA-graph replays of a list of calls, and the copy bandwidth that is
-their ceiling (benchmarks/attention.py, benchmarks/long_context.py)."""
+their ceiling (benchmarks/attention.py, benchmarks/decode_floor.py, benchmarks/long_context.py)."""
 
 from __future__ import annotations
 
