@@ -252,11 +252,12 @@ TABLES: dict[str, ArchTable] = {
         prefill_ws_window={64: W(128, 3), 128: W(64, 4)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM, 4 stages. On the H200
         # (2026-11-30; one-wave shapes x tiles x stages x splits for 1-2 CTAs per SM): at head_dim 128, 64-key tiles
-        # (144 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
-        # at L=4k); at head_dim 64, 128-key tiles (136 KB) 6-14% less time than the Triton kernel's plan on all 14
+        # (131 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
+        # at L=4k); at head_dim 64, 128-key tiles (131 KB) 6-14% less time than the Triton kernel's plan on all 14
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1)},
-        # the same kernel with a 2-stage ring (80 KB: two CTAs per SM) for the grids beyond one wave of it, once
+        # the same kernel with a 2-stage ring (two CTAs per SM as the plan counts them; since the consumer swapped
+        # its operands, 67 KB with a query group of at most 8, so three fit) for the grids beyond one wave of it, once
         # its loader looked a group of tiles' pages up at once. On the H200 (2026-11-30, the 16 fp16 decode
         # shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of the 9 grids of more than 132
         # (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k 64.1 vs 65.4), 0.8% more

@@ -3,18 +3,25 @@
 Used where it measured faster than the Triton kernel of `decode.py` (the reasons with the sm_90 table in
 `configs.py`): on grids of one wave of it with a 4-stage ring at one CTA per SM (small batches, where decode is
 bound by latency more than by bandwidth), and at head_dim 128 on larger grids with a 2-stage ring at two CTAs
-per SM. One warp does nothing but issue loads:
+per SM (where the query group is at most 8, three fit: the plan counts two). One warp does nothing but issue
+loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of
   STAGES tiles of BLOCK_N keys at once in the block table (a lane per page), a group of tiles ahead, and issues
   one TMA box per page (or per tile, for pages larger than the tile) into a ring of STAGES K and V buffers
   (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is done with a stage). A lookup per tile (one
   tile ahead) took 0.6-3.5% more time on the H200 (2026-11-30, 7 one-wave shapes: B=1 L=4k GQA 9.63 vs 9.31 us,
-  B=1 L=128k GQA 127.4 vs 124.4). It loads the query group's rows once as a 64-row 3-D
-  box: past the group come the next KV heads' query rows (computed, not stored), past the last head zeros.
-- The consumer warpgroup computes S = Q K^T with wgmma (the query heads sharing the KV head are the rows; 64
-  is wgmma's smallest M, so a group of 4 uses 4 of them), the online softmax in registers, and O += P V with
-  P from registers.
+  B=1 L=128k GQA 127.4 vs 124.4). It loads the query group's rows once as a 3-D box of `query_columns` rows
+  (the group padded to a power of two, at least 8): past the group come the next KV heads' query rows
+  (computed, not stored), past the last head zeros.
+- The consumer warpgroup computes with swapped operands, so that the tile's keys, not the few query heads, fill
+  wgmma's M (64 rows at least): S^T = K Q^T ([BLOCK_N, group] in registers), the online softmax down its
+  columns, then O^T += V^T P^T, V^T read transposed from the ring and P^T stored to shared memory. With the
+  query heads as the rows (S = Q K^T, O += P V, P from registers) a group of 4 filled 4 of 64 rows and every
+  tile's softmax worked on 64 x BLOCK_N scores; swapped, it works on BLOCK_N x 8. On the H200 (2026-11-30,
+  same run, 12 fp16 decode shapes, each at its plan's config and split count): 0.1-3.4% less time on 9 (B=1
+  L=4k GQA 9.36 vs 9.51 us, 32/8 B=128 L=512 67.3 vs 68.7), 0.1-0.8% more on 3 (B=1 L=128k GQA, B=1 L=4k MHA,
+  B=8 L=4k GQA). The smaller query box also frees shared memory (`smem_bytes`).
 - Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
   [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
   log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges.
@@ -26,8 +33,8 @@ Rows of a tile past the sequence's end are loaded (the last page's stale rows: t
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.
 
 Scope (the sm_90 table's `decode_ws` and `available` decide when planning, `supports` at the call): sm_90,
-fp16/bf16, head_dim 64/128 (the table's keys), query groups of at most 64 heads, pages of 16/32/64 tokens in
-contiguous caches, no softcap.
+fp16/bf16, head_dim 64/128 (the table's keys), tiles of a multiple of 64 keys, query groups of at most 64 heads,
+pages of 16/32/64 tokens in contiguous caches, no softcap.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
     TensorDescriptor,
+    fence_async_shared,
     gl,
     gl_dtype,
     gluon,
@@ -50,14 +58,14 @@ from kernels.attention.gluon_sm90 import (
 )
 from kernels.device import device_for
 
-ROWS = 64  # wgmma's M: the query group padded
+MAX_GROUP = 64  # query heads per KV head the kernel takes (its query columns, wgmma's N, go up to 64)
 NO_WINDOW = 1 << 30
 
 
 def available(device, group: int, page: int) -> bool:
     """Whether the kernel could serve decode calls of this model on `device` (what the split plan needs to know
     before any tensor exists): Gluon, an sm_90 GPU, a group that fits the 64 rows, a supported page size."""
-    return on_sm90(device) and group <= ROWS and page in TMA_PAGES
+    return on_sm90(device) and group <= MAX_GROUP and page in TMA_PAGES
 
 
 def supports(q, k_cache, v_cache, softcap) -> bool:
@@ -71,7 +79,6 @@ def supports(q, k_cache, v_cache, softcap) -> bool:
 
 
 if gluon is not None:
-    QROWS = gl.constexpr(ROWS)
 
     @gluon.jit
     def _span(lens_ptr, b, split, num_splits, window, BLOCK_N: gl.constexpr):
@@ -143,66 +150,63 @@ if gluon is not None:
             pages = following
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b, kvh,
+    def _consumer(q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b, kvh,
                   split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                  Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
+                  Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty = bars
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-        )
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        gl.static_assert(BLOCK_N % 64 == 0, "a tile's keys are wgmma's M: multiples of 64")
+        # S^T [BLOCK_N, NQ] and O^T [HEAD_DIM, NQ]: keys and head_dim are the rows, the query group the columns
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 16])
         start, lo, hi, n = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
-        m_i = gl.full([QROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([QROWS], gl.float32, gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([QROWS, HEAD_DIM], gl.float32, o_layout)
-        zero = gl.zeros([QROWS, BLOCK_N], gl.float32, s_layout)
-        q_rows = q_smem.reshape([QROWS, HEAD_DIM])
+        m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
+        l_i = gl.zeros([NQ], gl.float32, gl.SliceLayout(0, layout))
+        acc = gl.zeros([HEAD_DIM, NQ], gl.float32, layout)
+        zero = gl.zeros([BLOCK_N, NQ], gl.float32, layout)
+        q_t = q_smem.reshape([NQ, HEAD_DIM]).permute((1, 0))
+        p_t = p_smem.permute((1, 0))
         mbarrier.wait(q_ready.index(0), 0)
         for j in range(n):
             s = j % STAGES
             phase = (j // STAGES) & 1
             key0 = lo + j * BLOCK_N
             mbarrier.wait(k_ready.index(s), phase)
-            sc = warpgroup_mma(q_rows, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma(k_smem.index(s), q_t, zero, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(0, deps=(sc,))
             if (key0 < start) | (key0 + BLOCK_N > hi):  # a window's first tile or the range's last
-                keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                sc = gl.where(((keys >= start) & (keys < hi))[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)  # finite: every tile holds a visible key
-            p = gl.exp2(sc * qk_scale - m_new[:, None])
+                keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+                sc = gl.where(((keys >= start) & (keys < hi))[:, None], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=0) * qk_scale)  # finite: every tile holds a visible key
+            p = gl.exp2(sc * qk_scale - m_new[None, :])
             alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
+            l_i = l_i * alpha + gl.sum(p, axis=0)
             m_i = m_new
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            pa = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+            acc = acc * alpha[None, :]
+            # P^T goes through shared memory (wgmma's B); the previous tile's product has completed (waited below)
+            p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
+            fence_async_shared()
             mbarrier.wait(v_ready.index(s), phase)
-            acc = warpgroup_mma(pa, v_smem.index(s), acc, is_async=True)
+            acc = warpgroup_mma(v_smem.index(s).permute((1, 0)), p_t, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(s), count=1)
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-        o = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]  # no visible key: zeros
-        rows = gl.arange(0, QROWS, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        heads = kvh * GROUP + rows
-        ok = (rows < GROUP)[:, None]
+        o = acc / gl.where(l_i > 0, l_i, 1.0)[None, :]  # no visible key: zeros
+        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, layout))
+        heads = kvh * GROUP + cols
+        ok = (cols < GROUP)[None, :] & (dims >= 0)[:, None]
         if DIRECT:
-            ptrs = out_ptr + (b * stride_ob + heads * stride_oh)[:, None] + cols[None, :]
+            ptrs = out_ptr + (b * stride_ob + heads * stride_oh)[None, :] + dims[:, None]
             gl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=ok)
         else:
-            ptrs = part_ptr + (b * stride_pb + heads * stride_ph + split * stride_ps)[:, None] + cols[None, :]
+            ptrs = part_ptr + (b * stride_pb + heads * stride_ph + split * stride_ps)[None, :] + dims[:, None]
             gl.store(ptrs, o, mask=ok)
-            l_rows = gl.arange(0, QROWS, layout=gl.SliceLayout(1, s_layout))
             lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-            gl.store(lse_ptr + (b * Q_HEADS + kvh * GROUP + l_rows) * num_splits + split, lse, mask=l_rows < GROUP)
+            gl.store(lse_ptr + (b * Q_HEADS + heads) * num_splits + split, lse, mask=cols < GROUP)
 
     @gluon.jit
     def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                           window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                          Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                          Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr,
                           DIRECT: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
         kvh = gl.program_id(0)
@@ -211,6 +215,8 @@ if gluon is not None:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(kc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kc_desc.layout)
         v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], kc_desc.dtype)
+        p_smem = gl.allocate_shared_memory(kc_desc.dtype, [NQ, BLOCK_N], p_layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -222,9 +228,9 @@ if gluon is not None:
             mbarrier.init(kv_empty.index(i), count=1)
         bars = (q_ready, k_ready, v_ready, kv_empty)
         gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b,
-                         kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, Q_HEADS,
-                         GROUP, HEAD_DIM, BLOCK_N, STAGES, DIRECT)),
+            (_consumer, (q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
+                         window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
                        bars, b, kvh, split, num_splits, GROUP, HEAD_DIM, BLOCK_N, STAGES, PAGE, LANES, PDL)),
         ], [1], [24])  # fmt: skip
@@ -233,10 +239,16 @@ if gluon is not None:
 LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)  # one consumer warpgroup (plus the loader warp), 128 registers
 
 
-def smem_bytes(config, head_dim: int, elem_size: int) -> int:
-    """Shared memory of one CTA: the K and V rings, the query box and the mbarriers."""
+def query_columns(group: int) -> int:
+    """The query group padded to wgmma's N: a power of two, at least 8."""
+    return max(8, 1 << (group - 1).bit_length())
+
+
+def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
+    """Shared memory of one CTA: the K and V rings, the query box, P^T and the mbarriers."""
     ring = 2 * config.num_stages * config.block_n * head_dim * elem_size
-    return ring + ROWS * head_dim * elem_size + 8 * (3 * config.num_stages + 1)
+    columns = query_columns(group)
+    return ring + columns * (head_dim + config.block_n) * elem_size + 8 * (3 * config.num_stages + 1)
 
 
 def page_lanes(config, page: int) -> int:
@@ -246,12 +258,13 @@ def page_lanes(config, page: int) -> int:
 
 
 def descriptors(q, k_cache, v_cache, block_n: int):
-    """TMA descriptors of the query (a 64-row 3-D box per (sequence, KV head)) and of the caches' rows (one box
-    per page, or per tile for pages larger than the tile)."""
+    """TMA descriptors of the query (a 3-D box of query_columns rows per (sequence, KV head)) and of the caches'
+    rows (one box per page, or per tile for pages larger than the tile)."""
     head_dim, page = q.shape[-1], k_cache.shape[1]
     dtype = gl_dtype(q.dtype)
-    q_layout = gl.NVMMASharedLayout.get_default_for([1, ROWS, head_dim], dtype)
-    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, ROWS, head_dim], q_layout)
+    columns = query_columns(q.shape[1] // k_cache.shape[2])
+    q_layout = gl.NVMMASharedLayout.get_default_for([1, columns, head_dim], dtype)
+    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, columns, head_dim], q_layout)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
     box = min(page, block_n)
     return q_desc, row_descriptor(k_cache, box, kv_layout), row_descriptor(v_cache, box, kv_layout)
@@ -269,7 +282,7 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides,
-        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
+        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, NQ=q_desc.block_shape[1], HEAD_DIM=head_dim, BLOCK_N=config.block_n,
         STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl, launch_pdl=pdl, **LAUNCH_OPTIONS,
     )  # fmt: skip
     return out
