@@ -200,10 +200,14 @@ def decode_plan(
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     ws = gluon and decode_ws.available(device, q_heads // kv_heads, page)
-    for one_wave in one_wave_configs(table, head_dim, q.dtype, ws):
-        count = split_model.deep_splits(units, max_context, _sm_count(device), one_wave.ctas_per_sm)
-        if count is not None and num_splits in (None, count):
-            return count, one_wave
+    configs = one_wave_configs(table, head_dim, q.dtype, ws)
+    counts = [split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm) for c in configs]
+    for k, (one_wave, count) in enumerate(zip(configs, counts, strict=True)):
+        if count is None or num_splits not in (None, count):
+            continue
+        if k + 1 < len(configs) and counts[k + 1] is not None and _yields(one_wave, configs[k + 1], count):
+            continue
+        return count, one_wave
     config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
@@ -213,10 +217,22 @@ def decode_plan(
 def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
-    then at two (decode_ws_waves); then the deep Triton config."""
+    then at two (decode_ws_waves; it also takes the grids the one-CTA config would split 2-8 ways); then the deep
+    Triton config."""
     gets = [table.decode_ws_config, table.decode_ws_waves_config] if ws else []
     configs = [get(head_dim, dtype) for get in gets] + [table.decode_deep_config(head_dim, dtype)]
     return [c for c in configs if c is not None]
+
+
+def _yields(config, following, count: int) -> bool:
+    """Whether a one-wave grid that the one-CTA Gluon config would split `count` ways runs on the two-CTA Gluon
+    config that follows it instead, with twice the splits (splits.TWO_CTA_COUNTS says where and why)."""
+    return (
+        isinstance(config, WsDecodeConfig)
+        and isinstance(following, WsDecodeConfig)
+        and (config.ctas_per_sm, following.ctas_per_sm) == (1, 2)
+        and count in split_model.TWO_CTA_COUNTS
+    )
 
 
 def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:

@@ -58,6 +58,12 @@ T0_US = 1.0  # per-wave prologue/epilogue latency (block-table, q and seq_len lo
 T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
 TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
 DEEP_MIN_TOKENS = 128  # keys a split must read for a one-wave config to pay (two 64-key tiles at head_dim 128)
+# One-wave counts of the one-CTA Gluon config (decode_ws) at which the two-CTA one (decode_ws_waves, twice the splits)
+# runs the grid instead. On the H200 (2026-11-30, swapped-operand consumer, fp16 head_dim 128, GQA 32/8 B=1-16 and
+# MHA B=1-4 at L=1k/4k/16k, each config at its own one-wave count): where the one-CTA config splits 2-8 ways the
+# two-CTA one took 1-8% less time on 16 of 17 shapes (32/8 B=3 L=16k 52.6 vs 57.4 us; 3% more at B=6 L=16k); at 16
+# ways (B=1 GQA) 4.5% more at L=4k; unsplit (96-128 units) up to 6% more at L=1k-4k, within 0.5% at 16k.
+TWO_CTA_COUNTS = (2, 4, 8)
 
 
 def modelled_time_us(

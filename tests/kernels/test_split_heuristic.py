@@ -65,10 +65,11 @@ def test_decode_splits_reads_only_host_values():
     cfg, deep = TABLES["sm_90"].decode_config(128), TABLES["sm_90"].decode_deep_config(128)
     want = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 132, cfg.ctas_per_sm, cfg.block_n, 4000.0)
     assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
-    # no config: the one-wave plan (16 KV-head units on 132 SMs), one CTA per SM for the Gluon kernel
-    one_wave = TABLES["sm_90"].decode_ws_config(128) if decode_ws.available(dev, 4, 16) else deep
-    assert decode_splits(q, k_cache, tables, dev) == splits.deep_splits(16, 4096, 132, one_wave.ctas_per_sm)
+    # no config: the one-wave plan of 16 KV-head units on 132 SMs, at two CTAs per SM: the Gluon kernel's (its
+    # one-CTA config would split them 8 ways) or the deep Triton config's
     assert splits.deep_splits(16, 4096, 132, 1) == 8 and splits.deep_splits(16, 4096, 132, 2) == 16
+    assert decode_splits(q, k_cache, tables, dev) == 16
+    assert deep.ctas_per_sm == 2
 
 
 def test_deep_pipeline_takes_a_one_wave_grid_of_long_splits():
@@ -88,7 +89,8 @@ def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
 
 def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     """sm_90 at head_dim 128 (where Gluon is there): the Gluon kernel at one CTA per SM on a grid of one wave of
-    it, at two CTAs per SM on one wave of that and on grids of several waves; the Triton configs elsewhere."""
+    it that it runs unsplit or splits 16+ ways, at two CTAs per SM on the other one-wave grids and on grids of
+    several waves; the Triton configs elsewhere."""
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
     def plan(batch, ctx, dev, dtype=torch.float16):
@@ -103,6 +105,13 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (at two CTAs per SM 32 would read 64)
         assert plan(128, 512, dev90)[1] == waves  # 1024 units: many waves
         assert plan(1, 1024, dev90)[1] == waves  # splits too short for any one-wave config
+        # grids the one-CTA config would split 2-8 ways: two CTAs per SM, twice the splits
+        assert plan(2, 32768, dev90) == (16, waves)  # 16 units
+        assert plan(4, 32768, dev90) == (8, waves)  # 32 units
+        assert plan(8, 4096, dev90) == (4, waves)  # 64 units
+        assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
+        ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
+        assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
     else:
         assert plan(32, 2048, dev90) == (1, deep)
         assert plan(1, 32768, dev90) == (32, deep)
