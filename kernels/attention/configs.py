@@ -26,7 +26,8 @@ Facts the tables rest on (per SM unless said otherwise):
   on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
   Gluon kernel (`decode_ws`, one CTA per SM); at head_dim 128 the Gluon kernel
   with a shallower ring (`decode_ws_waves`, two CTAs per SM) takes the grids
-  beyond one wave of `decode_ws`.
+  beyond one wave of `decode_ws` and the one-wave grids `decode_ws` would split
+  2-8 ways (splits.TWO_CTA_COUNTS).
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (M = 16 rows in Triton, the smallest tl.dot;
@@ -261,8 +262,9 @@ TABLES: dict[str, ArchTable] = {
         # its loader looked a group of tiles' pages up at once. On the H200 (2026-11-30, the 16 fp16 decode
         # shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of the 9 grids of more than 132
         # (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k 64.1 vs 65.4), 0.8% more
-        # at 32/8 B=128 L=512; behind the one-CTA config on most grids that config fits (B=1: up to 2%).
-        # Unmeasured at head_dim 64 (its Triton configs stay).
+        # at 32/8 B=128 L=512. Behind the one-CTA config then on most grids that config fits (B=1: up to 2%); since
+        # the swap ahead of it on the one-wave grids it would split 2-8 ways (splits.TWO_CTA_COUNTS), which it
+        # takes with twice the splits. Unmeasured at head_dim 64 (its Triton configs stay).
         decode_ws_waves={128: WD(64, 2, 2)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
