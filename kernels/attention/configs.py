@@ -30,8 +30,9 @@ Facts the tables rest on (per SM unless said otherwise):
   2-8 ways (splits.TWO_CTA_COUNTS).
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
-packed query heads of one KV head (M = 16 rows in Triton, the smallest tl.dot;
-64 in the Gluon kernel, wgmma's). Prefill
+packed query heads of one KV head (in Triton the heads are M = 16 rows, the
+smallest tl.dot; the Gluon kernel takes the keys as wgmma's M and the heads,
+padded to 8, as N). Prefill
 is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
 """
 
@@ -257,8 +258,8 @@ TABLES: dict[str, ArchTable] = {
         # at L=4k); at head_dim 64, 128-key tiles (131 KB) 6-14% less time than the Triton kernel's plan on all 14
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1)},
-        # the same kernel with a 2-stage ring (two CTAs per SM as the plan counts them; since the consumer swapped
-        # its operands, 67 KB with a query group of at most 8, so three fit) for the grids beyond one wave of it, once
+        # the same kernel with a 2-stage ring (67-88 KB, and registers for two CTAs per SM) for the grids beyond
+        # one wave of it, once
         # its loader looked a group of tiles' pages up at once. On the H200 (2026-11-30, the 16 fp16 decode
         # shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of the 9 grids of more than 132
         # (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k 64.1 vs 65.4), 0.8% more

@@ -192,7 +192,8 @@ def decode_plan(
 ) -> tuple[int, DecodeConfig | WsDecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
-    one_wave_configs' order); else the arch's config for grids of several waves (many_wave_config) with the wave
+    one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
+    splits.TWO_CTA_COUNTS); else the arch's config for grids of several waves (many_wave_config) with the wave
     model's split count. A given `num_splits` is kept, with a one-wave config only where it is that config's own
     count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
     (for a call the Gluon kernel cannot run)."""
@@ -201,14 +202,14 @@ def decode_plan(
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     ws = gluon and decode_ws.available(device, q_heads // kv_heads, page)
-    configs = one_wave_configs(table, head_dim, q.dtype, ws)
-    counts = [split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm) for c in configs]
-    for k, (one_wave, count) in enumerate(zip(configs, counts, strict=True)):
-        if count is None or num_splits not in (None, count):
-            continue
-        if k + 1 < len(configs) and counts[k + 1] is not None and _yields(one_wave, configs[k + 1], count):
-            continue
-        return count, one_wave
+    plans = [
+        (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
+        for c in one_wave_configs(table, head_dim, q.dtype, ws)
+    ]
+    for k, (one_wave, count) in enumerate(plans):
+        following = plans[k + 1] if k + 1 < len(plans) else (None, None)
+        if count is not None and num_splits in (None, count) and not _yields(one_wave, count, *following):
+            return count, one_wave
     config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
@@ -225,13 +226,15 @@ def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     return [c for c in configs if c is not None]
 
 
-def _yields(config, following, count: int) -> bool:
+def _yields(config, count: int, following, following_count: int | None) -> bool:
     """Whether a one-wave grid that the one-CTA Gluon config would split `count` ways runs on the two-CTA Gluon
-    config that follows it instead, with twice the splits (splits.TWO_CTA_COUNTS says where and why)."""
+    config that follows it instead, with its own count (twice the splits; splits.TWO_CTA_COUNTS says where and
+    why). None follows the last config."""
     return (
         isinstance(config, WsDecodeConfig)
         and isinstance(following, WsDecodeConfig)
         and (config.ctas_per_sm, following.ctas_per_sm) == (1, 2)
+        and following_count is not None
         and count in split_model.TWO_CTA_COUNTS
     )
 

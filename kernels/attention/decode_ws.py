@@ -3,12 +3,11 @@
 Used where it measured faster than the Triton kernel of `decode.py` (the reasons with the sm_90 table in
 `configs.py`): on grids of one wave of it with a 4-stage ring at one CTA per SM (small batches, where decode is
 bound by latency more than by bandwidth), and at head_dim 128 on larger grids with a 2-stage ring at two CTAs
-per SM (where the query group is at most 8, three fit: the plan counts two). One warp does nothing but issue
-loads:
+per SM. One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of
   STAGES tiles of BLOCK_N keys at once in the block table (a lane per page), a group of tiles ahead, and issues
-  one TMA box per page (or per tile, for pages larger than the tile) into a ring of STAGES K and V buffers
+  one TMA box per page into a ring of STAGES K and V buffers
   (mbarriers `k_ready`/`v_ready`; `kv_empty` when the consumer is done with a stage). A lookup per tile (one
   tile ahead) took 0.6-3.5% more time on the H200 (2026-11-30, 7 one-wave shapes: B=1 L=4k GQA 9.63 vs 9.31 us,
   B=1 L=128k GQA 127.4 vs 124.4). It loads the query group's rows once as a 3-D box of `query_columns` rows
@@ -64,7 +63,8 @@ NO_WINDOW = 1 << 30
 
 def available(device, group: int, page: int) -> bool:
     """Whether the kernel could serve decode calls of this model on `device` (what the split plan needs to know
-    before any tensor exists): Gluon, an sm_90 GPU, a group that fits the 64 rows, a supported page size."""
+    before any tensor exists): Gluon, an sm_90 GPU, a group of at most MAX_GROUP query columns, a supported
+    page size."""
     return on_sm90(device) and group <= MAX_GROUP and page in TMA_PAGES
 
 
@@ -155,7 +155,7 @@ if gluon is not None:
                   Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty = bars
-        gl.static_assert(BLOCK_N % 64 == 0, "a tile's keys are wgmma's M: multiples of 64")
+        gl.static_assert((BLOCK_N % 64 == 0) & (HEAD_DIM % 64 == 0), "keys and head_dim are wgmma's M: 64s")
         # S^T [BLOCK_N, NQ] and O^T [HEAD_DIM, NQ]: keys and head_dim are the rows, the query group the columns
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 16])
         start, lo, hi, n = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
@@ -236,7 +236,9 @@ if gluon is not None:
         ], [1], [24])  # fmt: skip
 
 
-LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)  # one consumer warpgroup (plus the loader warp), 128 registers
+# one consumer warpgroup plus the loader warp, which Triton pads to a second warpgroup: 256 threads x 128 registers,
+# so at most two CTAs per SM
+LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)
 
 
 def query_columns(group: int) -> int:
@@ -245,7 +247,8 @@ def query_columns(group: int) -> int:
 
 
 def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
-    """Shared memory of one CTA: the K and V rings, the query box, P^T and the mbarriers."""
+    """Shared memory of one CTA: the K and V rings, the query box, P^T and the mbarriers (the compiler adds
+    0.2-1 KB of scratch for the softmax's reductions across warps)."""
     ring = 2 * config.num_stages * config.block_n * head_dim * elem_size
     columns = query_columns(group)
     return ring + columns * (head_dim + config.block_n) * elem_size + 8 * (3 * config.num_stages + 1)
@@ -259,7 +262,7 @@ def page_lanes(config, page: int) -> int:
 
 def descriptors(q, k_cache, v_cache, block_n: int):
     """TMA descriptors of the query (a 3-D box of query_columns rows per (sequence, KV head)) and of the caches'
-    rows (one box per page, or per tile for pages larger than the tile)."""
+    rows (one box per page)."""
     head_dim, page = q.shape[-1], k_cache.shape[1]
     dtype = gl_dtype(q.dtype)
     columns = query_columns(q.shape[1] // k_cache.shape[2])

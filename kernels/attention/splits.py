@@ -31,7 +31,8 @@ too-large count costs only some empty CTAs, never correctness.
 A second, simpler rule picks a one-wave config (the arch's `decode_ws` Gluon
 kernel, one CTA per SM, then `decode_ws_waves`, the same kernel at two, or its
 `decode_deep` Triton config: more K/V tiles loaded ahead per CTA, so fewer CTAs
-per SM) when the whole grid fits one wave of it:
+per SM) when the whole grid fits one wave of it (but the one-CTA Gluon config gives the
+grids it would split TWO_CTA_COUNTS ways to the two-CTA one, measured below):
 with units = batch * kv_heads <= slots = sm_count * ctas_per_sm, the split count
 is the largest power of two <= slots // units (a power of two keeps every
 split's tiles whole and the reduce's tile tight: 33 splits of 32k keys ran 3%
@@ -61,8 +62,8 @@ DEEP_MIN_TOKENS = 128  # keys a split must read for a one-wave config to pay (tw
 # One-wave counts of the one-CTA Gluon config (decode_ws) at which the two-CTA one (decode_ws_waves, twice the splits)
 # runs the grid instead. On the H200 (2026-11-30, swapped-operand consumer, fp16 head_dim 128, GQA 32/8 B=1-16 and
 # MHA B=1-4 at L=1k/4k/16k, each config at its own one-wave count): where the one-CTA config splits 2-8 ways the
-# two-CTA one took 1-8% less time on 16 of 17 shapes (32/8 B=3 L=16k 52.6 vs 57.4 us; 3% more at B=6 L=16k); at 16
-# ways (B=1 GQA) 4.5% more at L=4k; unsplit (96-128 units) up to 6% more at L=1k-4k, within 0.5% at 16k.
+# two-CTA one took 1.2-8.4% less time on 19 of 20 shapes (32/8 B=3 L=16k 52.6 vs 57.4 us; 3% more at B=6 L=16k); at 16
+# ways (B=1 GQA; 32 splits) 4.5% more at L=4k; unsplit (96-128 units) up to 6% more at L=1k-4k, within 0.5% at 16k.
 TWO_CTA_COUNTS = (2, 4, 8)
 
 

@@ -65,15 +65,8 @@ def gluon_decode_ptx() -> str:
     config = TABLES["sm_90"].decode_ws_config(128)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = dict(
-        Q_HEADS=32,
-        GROUP=4,
-        NQ=decode_ws.query_columns(4),
-        HEAD_DIM=128,
-        BLOCK_N=config.block_n,
-        STAGES=config.num_stages,
-        PAGE=16,
-    )
+    consts = dict(Q_HEADS=32, GROUP=4, NQ=decode_ws.query_columns(4), HEAD_DIM=128, BLOCK_N=config.block_n)  # fmt: skip
+    consts.update(STAGES=config.num_stages, PAGE=16)
     consts.update(LANES=decode_ws.page_lanes(config, 16), DIRECT=False, PDL=True)
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
 
