@@ -19,10 +19,8 @@ Writes attention_<device>.json and .md under --out and prints the tables.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +28,7 @@ import triton
 
 from benchmarks.attention_report import config_name, markdown, targets
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
-from benchmarks.report import save_results
+from benchmarks.report import save_results, versions
 from kernels.attention import configs, decode, decode_ws, kv_write, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
@@ -280,9 +278,7 @@ def main():
     args = parser.parse_args()
     device = get_device_info()
     table = table_for(device)
-    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(),
            "decode_config": str(table.decode_config(128)), "decode_deep_config": str(table.decode_deep_config(128)),
            "decode_ws_config": str(table.decode_ws_config(128)),
            "decode_ws_waves_config": str(table.decode_ws_waves_config(128)),

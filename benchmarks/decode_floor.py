@@ -21,10 +21,8 @@ Writes decode_floor_<device>.json and .md under --out and prints the table.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +31,7 @@ import triton.language as tl
 
 from benchmarks.attention import PAGE, decode_inputs
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import save_results
+from benchmarks.report import save_results, versions
 from kernels.attention import decode, decode_ws, splits
 from kernels.attention.configs import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options, table_for
 from kernels.device import get_device_info
@@ -143,9 +141,7 @@ def main() -> None:
     if config is None or not decode_ws.available(device, Q_HEADS // KV_HEADS, PAGE):
         raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
     pdl = dependent_launch(device)
-    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(), "pdl": pdl,
+    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(), "pdl": pdl,
            "rows": []}  # fmt: skip
     for length in LENGTHS:
         res["rows"].append(bench_length(length, device, config, pdl))

@@ -18,11 +18,9 @@ check the script. Writes long_context_<device>.json and .md under --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -30,7 +28,7 @@ import time
 import torch
 
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
-from benchmarks.report import render_results, save_results
+from benchmarks.report import render_results, save_results, versions
 from benchmarks.runtime import sync
 from kernels.device import get_device_info
 
@@ -289,16 +287,13 @@ def main():
         render_results(args.render.removesuffix(".json"), result, markdown)
         return
     import transformers
-    import triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     info = get_device_info()
     fields = SMOKE if args.smoke else LLAMA31
     contexts = [256, 512] if args.smoke else [32768, 131072]
     res = {"shape": "tiny (smoke)" if args.smoke else "Llama-3.1-8B (32 layers, hidden 4096, GQA 32/8)",
-           "device": info.name, "arch": info.arch, "torch": torch.__version__, "triton": triton.__version__,
-           "transformers_version": transformers.__version__, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": info.name, "arch": info.arch, **versions(), "transformers_version": transformers.__version__,
            "chunk_budget": 128 if args.smoke else CHUNK_BUDGET, "decode_steps": DECODE_STEPS}  # fmt: skip
     stem = os.path.join(args.out, "long_context_" + info.name.replace(" ", "_"))
     if device == "cuda":

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
 from collections.abc import Callable
+
+
+def versions(transformers: bool = False) -> dict:
+    """What every GPU result names besides its device: the UTC time of the run and the versions of Python, torch
+    and Triton (and transformers, where the benchmark compares with it)."""
+    import torch
+    import triton
+
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()}  # fmt: skip
+    if transformers:
+        import transformers as hf
+
+        res["transformers"] = hf.__version__
+    return res
 
 
 def save_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str] | None = None) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import math
 import platform
@@ -28,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import random_model, workloads
+from benchmarks.report import versions
 from benchmarks.serving_metrics import RequestRecord, summarize, table
 from benchmarks.step_profile import profile_decode_step
 
@@ -196,13 +196,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def environment() -> dict:
-    import transformers
-    import triton
-
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "date": datetime.date.today().isoformat()}  # fmt: skip
+    return {"device": dev, **versions(transformers=True)}
 
 
 def main(argv=None) -> None:

@@ -16,8 +16,6 @@ Writes vision_<device>.json and .md under --out and prints the tables.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import save_results
+from benchmarks.report import save_results, versions
 from tests.llm.tiny import rel_err
 
 CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -288,14 +286,10 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script)")
     args = parser.parse_args()
-    import transformers
-    import triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    res = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version()}  # fmt: skip
+    res = {"device": name, **versions(transformers=True)}
     iters = 3 if args.smoke else 20
     res["gemm_tflops"] = gemm_ceiling(device)
     jobs = {
