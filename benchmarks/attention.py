@@ -29,7 +29,7 @@ import triton
 from benchmarks.attention_report import config_name, markdown, targets
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
 from benchmarks.report import save_results, versions
-from kernels.attention import configs, decode, decode_ws, kv_write, prefill
+from kernels.attention import configs, decode, decode_ws, kv_write, plan, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
 from kernels.device import get_device_info
@@ -175,12 +175,12 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
 
     table = table_for(device)
     if config is None:
-        heur, chosen = decode.decode_plan(q, k_cache, perm[0], device)
+        heur, chosen = plan.decode_plan(q, k_cache, perm[0], device)
         ws = decode_ws.available(device, q_heads // kv_heads, PAGE)
         candidates = [table.decode_config(head_dim, dtype)]
-        candidates += reversed(decode.one_wave_configs(table, head_dim, dtype, ws))
+        candidates += reversed(plan.one_wave_configs(table, head_dim, dtype, ws))
     else:
-        heur, chosen, candidates = decode.decode_splits(q, k_cache, perm[0], device, config), config, [config]
+        heur, chosen, candidates = plan.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
     row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
     row["ours_us"] = graph_time_us(ours(heur, chosen))

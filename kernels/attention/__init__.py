@@ -38,7 +38,7 @@ def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     config=None,
 ):  # fmt: skip
-    """config: the kernel config `num_splits` was planned for (decode.decode_plan), else the kernel plans."""
+    """config: the kernel config `num_splits` was planned for (plan.decode_plan), else the kernel plans."""
     impl = dispatch.get_impl(DECODE, q.dtype, device_for(q))
     return impl(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, softcap, config=config

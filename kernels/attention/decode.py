@@ -10,7 +10,7 @@ context is streamed in BLOCK_N-token chunks through the block table, and the
 result is either written directly (one split) or as an fp32 partial output plus
 its log-sum-exp (base 2), merged by `_reduce_kernel`. On sm_90 the warp-specialized
 Gluon kernel of `decode_ws.py` runs instead where the arch table has a config for it
-(`decode_plan` decides: grids of one wave of it at head_dim 64/128; at head_dim 128,
+(`plan.decode_plan` decides: grids of one wave of it at head_dim 64/128; at head_dim 128,
 at two CTAs per SM, the grids beyond that and the one-wave grids it would split 2-8
 ways); it writes the same partials.
 
@@ -38,8 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import decode_ws
-from kernels.attention import splits as split_model
+from kernels.attention import decode_ws, plan
 from kernels.attention.configs import (
     DecodeConfig,
     WsDecodeConfig,
@@ -187,90 +186,12 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
         raise ValueError("block_tables must be [batch, max_blocks] and seq_lens [batch]")
 
 
-def decode_plan(
-    q, k_cache, block_tables, device, num_splits: int | None = None, gluon: bool = True
-) -> tuple[int, DecodeConfig | WsDecodeConfig]:
-    """(split count, config) for a decode call from host-known values (the context bound is the block table's
-    width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
-    one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
-    splits.TWO_CTA_COUNTS); else the arch's config for grids of several waves (many_wave_config) with the wave
-    model's split count. A given `num_splits` is kept, with a one-wave config only where it is that config's own
-    count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
-    (for a call the Gluon kernel cannot run)."""
-    table = table_for(device)
-    batch, q_heads, head_dim = q.shape
-    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    units, max_context = batch * kv_heads, block_tables.shape[1] * page
-    ws = gluon and decode_ws.available(device, q_heads // kv_heads, page)
-    plans = [
-        (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
-        for c in one_wave_configs(table, head_dim, q.dtype, ws)
-    ]
-    for k, (one_wave, count) in enumerate(plans):
-        following = plans[k + 1] if k + 1 < len(plans) else (None, None)
-        if count is not None and num_splits in (None, count) and not _yields(one_wave, count, *following):
-            return count, one_wave
-    config = many_wave_config(table, head_dim, q.dtype, ws)
-    if num_splits is None:
-        num_splits = decode_splits(q, k_cache, block_tables, device, config)
-    return num_splits, config
-
-
-def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
-    """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
-    available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
-    then at two (decode_ws_waves; it also takes the grids the one-CTA config would split 2-8 ways); then the deep
-    Triton config."""
-    gets = [table.decode_ws_config, table.decode_ws_waves_config] if ws else []
-    configs = [get(head_dim, dtype) for get in gets] + [table.decode_deep_config(head_dim, dtype)]
-    return [c for c in configs if c is not None]
-
-
-def _yields(config, count: int, following, following_count: int | None) -> bool:
-    """Whether a one-wave grid that the one-CTA Gluon config would split `count` ways runs on the two-CTA Gluon
-    config that follows it instead, with its own count (twice the splits; splits.TWO_CTA_COUNTS says where and
-    why). None follows the last config."""
-    return (
-        isinstance(config, WsDecodeConfig)
-        and isinstance(following, WsDecodeConfig)
-        and (config.ctas_per_sm, following.ctas_per_sm) == (1, 2)
-        and following_count is not None
-        and count in split_model.TWO_CTA_COUNTS
-    )
-
-
-def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:
-    """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
-    kernel's decode_ws_waves where there is one, else the Triton config."""
-    return (table.decode_ws_waves_config(head_dim, dtype) if ws else None) or table.decode_config(head_dim, dtype)
-
-
-def decode_splits(
-    q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig | None = None
-) -> int:  # fmt: skip
-    """The split count for a decode call (decode_plan's); with `config`, the wave model's count for that config
-    (splits.choose_num_splits)."""
-    if config is None:
-        return decode_plan(q, k_cache, block_tables, device)[0]
-    batch, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    max_context = block_tables.shape[1] * k_cache.shape[1]
-    return split_model.choose_num_splits(
-        batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
-        _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
-    )  # fmt: skip
-
-
-def _sm_count(device) -> int:
-    return device.sm_count if device.is_cuda else 132  # the CPU interpreter plans with an H200's SM count
-
-
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     *, device=None, config: DecodeConfig | WsDecodeConfig | None = None,
 ):  # fmt: skip
     """Paged decode; `device` overrides the arch table (tests run other archs' configs) and `config` the plan's
-    config (the engine passes the one its split count was planned with; tests pick one), else decode_plan picks
+    config (the engine passes the one its split count was planned with; tests pick one), else plan.decode_plan picks
     the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel where
     `decode_ws.available` and `supports` the call, else the arch's Triton config with the same split count."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
@@ -280,16 +201,16 @@ def paged_decode_attention(
     check_dtype(table, q.dtype)
     num_splits = None if num_splits is None else max(1, int(num_splits))
     if config is None:
-        num_splits, config = decode_plan(q, k_cache, block_tables, device, num_splits)
+        num_splits, config = plan.decode_plan(q, k_cache, block_tables, device, num_splits)
     elif num_splits is None:
-        num_splits = decode_splits(q, k_cache, block_tables, device, config)
+        num_splits = plan.decode_splits(q, k_cache, block_tables, device, config)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     if isinstance(config, WsDecodeConfig) and not (
         decode_ws.available(device, group, page) and decode_ws.supports(q, k_cache, v_cache, softcap)
     ):
-        config = triton_config(device, q, k_cache, block_tables, num_splits)
+        config = plan.triton_config(device, q, k_cache, block_tables, num_splits)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -334,9 +255,3 @@ def reduce_partials(part, lse, out, pdl: bool) -> None:
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
         PDL=pdl, num_warps=4, **pdl_options(pdl),
     )  # fmt: skip
-
-
-def triton_config(device, q, k_cache, block_tables, num_splits: int) -> DecodeConfig:
-    """The Triton config for a call planned onto the Gluon kernel that cannot run it (decode_ws.supports): what
-    decode_plan pairs with `num_splits` among the Triton configs (the deep one where the count is its own)."""
-    return decode_plan(q, k_cache, block_tables, device, num_splits, gluon=False)[1]

@@ -35,7 +35,7 @@ import torch
 
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig
 
-# (split count, kernel config) of decode attention, as kernels.attention.decode.decode_plan returns it
+# (split count, kernel config) of decode attention, as kernels.attention.plan.decode_plan returns it
 DecodePlan = tuple[int | None, DecodeConfig | WsDecodeConfig | None]
 
 
@@ -55,7 +55,7 @@ class AttentionMetadata:
         context_lens: [batch] int32, tokens already in the cache before this step (seq_lens - new tokens).
         num_splits: split-k count of the decode rows (all rows of a decode step, the leading one-token rows of
             a mixed step); None lets the kernel choose (fix it under CUDA graphs).
-        decode_config: the kernel config `num_splits` was planned for (kernels.attention.decode.decode_plan);
+        decode_config: the kernel config `num_splits` was planned for (kernels.attention.plan.decode_plan);
             None lets the kernel derive it from the split count and the block table.
         num_decode_seqs: in a prefill step, how many leading sequences bring exactly one token.
     """

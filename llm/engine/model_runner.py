@@ -177,12 +177,12 @@ class ModelRunner:
             return None, None
         bucket = next((b for b in self.buckets if b >= batch), batch)
         if bucket not in self._plans:
-            from kernels.attention import decode
+            from kernels.attention import plan
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             q = torch.empty(bucket, attn.num_heads, attn.head_dim, dtype=self.dtype, device="meta")
             tables = torch.empty(bucket, self.max_blocks, dtype=torch.int32, device="meta")
-            self._plans[bucket] = decode.decode_plan(q, k_cache, tables, device_for(k_cache))
+            self._plans[bucket] = plan.decode_plan(q, k_cache, tables, device_for(k_cache))
         return self._plans[bucket]
 
     def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:

@@ -6,7 +6,7 @@ CPU: tiny shapes under TRITON_INTERPRET=1. GPU: the same cases at real sizes.
 import pytest
 import torch
 
-from kernels.attention import decode, decode_ws
+from kernels.attention import decode, decode_ws, plan
 from kernels.attention.configs import TABLES
 from tests.kernels.attention_helpers import (
     ARCHS,
@@ -92,14 +92,14 @@ def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
     table = TABLES["sm_90"]
     deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
     if decode_ws.available(device, 4, 16):
-        assert decode.decode_plan(q, k_cache, tables, device) == (1, ws)
-        assert decode.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
-        assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, waves)  # two CTAs per SM
-        assert decode.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, waves)  # two waves of it
+        assert plan.decode_plan(q, k_cache, tables, device) == (1, ws)
+        assert plan.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
+        assert plan.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, waves)  # two CTAs per SM
+        assert plan.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, waves)  # two waves of it
     else:
-        assert decode.decode_plan(q, k_cache, tables, device) == (2, deep)
-        assert decode.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count
-        assert decode.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, table.decode_config(128))
+        assert plan.decode_plan(q, k_cache, tables, device) == (2, deep)
+        assert plan.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count
+        assert plan.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, table.decode_config(128))
     out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
     assert_close(out, ref, torch.float16)
 

@@ -1,12 +1,12 @@
 """The warp-specialized sm_90 decode (Gluon) against the float64 torch reference, and when it is chosen.
 
-The kernel runs on an sm_90 GPU only (Gluon has no interpreter); its choice (`decode.decode_plan`,
+The kernel runs on an sm_90 GPU only (Gluon has no interpreter); its choice (`plan.decode_plan`,
 `decode_ws.available`/`supports`) and the Triton fallback are checked everywhere."""
 
 import pytest
 import torch
 
-from kernels.attention import decode, decode_ws, gluon_sm90
+from kernels.attention import decode_ws, gluon_sm90, plan
 from kernels.attention.configs import TABLES, WsDecodeConfig
 from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import (
@@ -89,7 +89,7 @@ def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
     deep, shallow = table.decode_deep_config(128), table.decode_config(128)
 
     def fallback(batch, ctx, splits):
-        return decode.triton_config(sm90, *plan_inputs(batch, ctx), splits)
+        return plan.triton_config(sm90, *plan_inputs(batch, ctx), splits)
 
     assert fallback(32, 2048, 1) == deep  # 256 units: one wave of two CTAs per SM, unsplit
     assert fallback(32, 2048, 3) == shallow  # not the deep config's count
@@ -159,7 +159,7 @@ def test_the_plan_runs_the_ws_kernel_on_a_small_batch():
     q = torch.zeros(1, 32, 128, dtype=torch.float16, device=DEV)
     cache = torch.zeros(1, 16, 8, 128, dtype=torch.float16, device=DEV)
     tables = torch.zeros(1, 256, dtype=torch.int32, device=DEV)
-    count, config = decode.decode_plan(q, cache, tables, device_for(q))
+    count, config = plan.decode_plan(q, cache, tables, device_for(q))
     assert config == CONFIG and count > 1
     out, ref = decode_case([4096], 16, 32, 8, 128, torch.float16, None, None, None)
     assert_close(out, ref, torch.float16)

@@ -5,7 +5,7 @@ import torch
 
 from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
-from kernels.attention.decode import decode_plan, decode_splits
+from kernels.attention.plan import decode_plan, decode_splits
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
@@ -68,7 +68,7 @@ def test_decode_splits_reads_only_host_values():
     # no config: the one-wave plan of 16 KV-head units on 132 SMs, at two CTAs per SM: the Gluon kernel's (its
     # one-CTA config would split them 8 ways) or the deep Triton config's
     assert splits.deep_splits(16, 4096, 132, 1) == 8 and splits.deep_splits(16, 4096, 132, 2) == 16
-    assert decode_splits(q, k_cache, tables, dev) == 16
+    assert decode_plan(q, k_cache, tables, dev)[0] == 16
     assert deep.ctas_per_sm == 2
 
 
