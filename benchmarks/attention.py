@@ -29,7 +29,7 @@ import triton
 from benchmarks.attention_report import config_name, markdown, targets
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
 from benchmarks.report import save_results, versions
-from kernels.attention import configs, decode, decode_ws, kv_write, plan, prefill
+from kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
 from kernels.device import get_device_info
@@ -155,7 +155,7 @@ def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
     calls = [lambda t=t, s=s: step(t, s) for t, s in zip(perm, last_rows, strict=True)]
     row = {"dtype": str(dtype).removeprefix("torch."), "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch}
     row["ctx"], row["pdl_us"] = ctx, graph_time_us(calls)
-    with configs.without_dependent_launch(device):
+    with pdl.without_dependent_launch(device):
         row["no_pdl_us"] = graph_time_us(calls)
     return row
 
@@ -184,7 +184,7 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
     row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
     row["ours_us"] = graph_time_us(ours(heur, chosen))
-    with configs.without_dependent_launch(device):
+    with pdl.without_dependent_launch(device):
         row["ours_no_pdl_us"] = graph_time_us(ours(heur, chosen))
     row["sweep_us"] = {}
     for c in candidates:

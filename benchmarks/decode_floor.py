@@ -33,7 +33,8 @@ from benchmarks.attention import PAGE, decode_inputs
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import save_results, versions
 from kernels.attention import decode, decode_ws, splits
-from kernels.attention.configs import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options, table_for
+from kernels.attention.configs import table_for
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import get_device_info
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # the attention benchmark's decode inputs: head_dim 128, pages of 16

@@ -38,18 +38,12 @@ is compute-bound: BLOCK_M x BLOCK_N tiles sized to the shared memory.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from kernels.device import DeviceInfo, TritonMode
-
-try:  # Triton >= 3.4: programmatic dependent launch (griddepcontrol, the launch_pdl option)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # an older Triton, or none: the kernels launch without it
-    gdc_launch_dependents = gdc_wait = None
+from kernels.device import DeviceInfo
 
 
 class UnsupportedDtypeError(TypeError):
@@ -286,32 +280,6 @@ def table_for(device: DeviceInfo) -> ArchTable:
         if int(arch[3:]) <= cap:
             best = arch
     return TABLES[best]
-
-
-def dependent_launch(device: DeviceInfo) -> bool:
-    """Whether decode's kernels launch on `device` with programmatic dependent launch (the arch table's `pdl`):
-    compiled kernels on a GPU only (the interpreter has no griddepcontrol), with a Triton that has it."""
-    compiled = device.is_cuda and device.triton == TritonMode.COMPILED
-    return compiled and gdc_wait is not None and table_for(device).pdl
-
-
-def pdl_options(pdl: bool) -> dict:
-    """The launch option of programmatic dependent launch, for a Triton kernel's launch (none without it: a Triton
-    older than 3.4 knows no `launch_pdl`)."""
-    return {"launch_pdl": True} if pdl else {}
-
-
-@contextlib.contextmanager
-def without_dependent_launch(device: DeviceInfo):
-    """`device`'s arch table with `pdl` off for the duration of a with-block, then as it was (the attention
-    benchmark and the tests time and compare the two)."""
-    arch = table_for(device).arch
-    kept = TABLES[arch]
-    TABLES[arch] = replace(kept, pdl=False)
-    try:
-        yield
-    finally:
-        TABLES[arch] = kept
 
 
 def check_dtype(table: ArchTable, dtype: torch.dtype) -> None:

@@ -39,17 +39,9 @@ import triton
 import triton.language as tl
 
 from kernels.attention import decode_ws, plan
-from kernels.attention.configs import (
-    DecodeConfig,
-    WsDecodeConfig,
-    check_dtype,
-    dependent_launch,
-    gdc_launch_dependents,
-    gdc_wait,
-    pdl_options,
-    table_for,
-)
+from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
 from kernels.attention.gluon_sm90 import LOG2E
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
 
 _LOG2E = tl.constexpr(LOG2E)

@@ -38,7 +38,6 @@ pages of 16/32/64 tokens in contiguous caches, no softcap.
 
 from __future__ import annotations
 
-from kernels.attention.configs import gdc_wait
 from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
@@ -55,6 +54,7 @@ from kernels.attention.gluon_sm90 import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from kernels.attention.pdl import gdc_wait
 from kernels.device import device_for
 
 MAX_GROUP = 64  # query heads per KV head the kernel takes (its query columns, wgmma's N, go up to 64)

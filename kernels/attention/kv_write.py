@@ -3,7 +3,7 @@
 One program per token: it reads its slot (block_id * block_size + offset; a
 negative slot, e.g. a padding token of a CUDA-graph batch, is skipped) and
 copies the token's [kv_heads, head_dim] rows of K and V into the caches. With
-programmatic dependent launch (sm_90, `configs.dependent_launch`) it lets the
+programmatic dependent launch (sm_90, `pdl.dependent_launch`) it lets the
 decode kernel after it launch at once and waits for the kernel before it (which
 wrote k and v) before its first load.
 """
@@ -13,14 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention.configs import (
-    check_dtype,
-    dependent_launch,
-    gdc_launch_dependents,
-    gdc_wait,
-    pdl_options,
-    table_for,
-)
+from kernels.attention.configs import check_dtype, table_for
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from kernels.attention import configs, decode, gluon_sm90, kv_write, reference
+from kernels.attention import decode, gluon_sm90, kv_write, pdl, reference
 from kernels.attention.configs import TABLES
 from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, sim_device
@@ -19,13 +19,13 @@ SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
 def test_only_compiled_kernels_on_sm90_and_newer_launch_dependent(monkeypatch):
     for arch, cap in ARCHS.items():
-        assert configs.dependent_launch(sim_device(cap, mode=TritonMode.COMPILED)) == (arch == "sm_90")
-    assert configs.dependent_launch(sim_device((10, 0), mode=TritonMode.COMPILED))  # takes sm_90's table
-    assert not configs.dependent_launch(sim_device((9, 0), mode=TritonMode.INTERPRETED))  # no griddepcontrol
-    assert not configs.dependent_launch(DeviceInfo("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED))
+        assert pdl.dependent_launch(sim_device(cap, mode=TritonMode.COMPILED)) == (arch == "sm_90")
+    assert pdl.dependent_launch(sim_device((10, 0), mode=TritonMode.COMPILED))  # takes sm_90's table
+    assert not pdl.dependent_launch(sim_device((9, 0), mode=TritonMode.INTERPRETED))  # no griddepcontrol
+    assert not pdl.dependent_launch(DeviceInfo("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED))
     assert [arch for arch, table in TABLES.items() if table.pdl] == ["sm_90"]
-    monkeypatch.setattr(configs, "gdc_wait", None)  # a Triton older than 3.4: no griddepcontrol
-    assert not configs.dependent_launch(sim_device((9, 0), mode=TritonMode.COMPILED))
+    monkeypatch.setattr(pdl, "gdc_wait", None)  # a Triton older than 3.4: no griddepcontrol
+    assert not pdl.dependent_launch(sim_device((9, 0), mode=TritonMode.COMPILED))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_decode_right_after_the_kv_write_reads_the_new_rows(kernel, splits):
     """The engine's order: the step's K/V rows are written, then attended at once; the KV write lets the decode
     start early. The slots hold rows far from the new ones, so stale reads would show in the output. (The window
     is short: on the H200 this test also passed with the decode's waits removed; the PTX tests above keep them.)"""
-    assert configs.dependent_launch(device_for(torch.empty(1, device=DEV)))
+    assert pdl.dependent_launch(device_for(torch.empty(1, device=DEV)))
     torch.manual_seed(0)
     kv_heads, q_heads, head_dim, page, dtype = 8, 32, 128, 16, torch.float16
     table = TABLES["sm_90"]
@@ -95,8 +95,8 @@ def test_dependent_launch_changes_no_result_bit():
         return decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.09, None, 16)
 
     dependent = run()
-    with configs.without_dependent_launch(device_for(q)):
-        assert not configs.dependent_launch(device_for(q))
+    with pdl.without_dependent_launch(device_for(q)):
+        assert not pdl.dependent_launch(device_for(q))
         plain = run()
     assert torch.equal(dependent, plain)
 
@@ -104,11 +104,11 @@ def test_dependent_launch_changes_no_result_bit():
 def test_without_dependent_launch_turns_the_arch_off_for_the_block_and_back_even_on_error():
     sm90 = sim_device((9, 0), mode=TritonMode.COMPILED)
     before = TABLES["sm_90"]
-    on = configs.dependent_launch(sm90)
-    with configs.without_dependent_launch(sm90):
-        assert not configs.dependent_launch(sm90)
+    on = pdl.dependent_launch(sm90)
+    with pdl.without_dependent_launch(sm90):
+        assert not pdl.dependent_launch(sm90)
         assert TABLES["sm_90"].decode == before.decode  # only the flag differs
-    assert configs.dependent_launch(sm90) == on and TABLES["sm_90"] is before
-    with pytest.raises(RuntimeError), configs.without_dependent_launch(sm90):
+    assert pdl.dependent_launch(sm90) == on and TABLES["sm_90"] is before
+    with pytest.raises(RuntimeError), pdl.without_dependent_launch(sm90):
         raise RuntimeError("a failing timing")
     assert TABLES["sm_90"] is before
