@@ -38,6 +38,8 @@ pages of 16/32/64 tokens in contiguous caches, no softcap.
 
 from __future__ import annotations
 
+import triton
+
 from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
@@ -54,7 +56,7 @@ from kernels.attention.gluon_sm90 import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from kernels.attention.pdl import gdc_wait
+from kernels.attention.pdl import gdc_wait, pdl_options
 from kernels.device import device_for
 
 MAX_GROUP = 64  # query heads per KV head the kernel takes (its query columns, wgmma's N, go up to 64)
@@ -243,7 +245,7 @@ LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)
 
 def query_columns(group: int) -> int:
     """The query group padded to wgmma's N: a power of two, at least 8."""
-    return max(8, 1 << (group - 1).bit_length())
+    return max(8, triton.next_power_of_2(group))
 
 
 def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
@@ -257,7 +259,7 @@ def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
 def page_lanes(config, page: int) -> int:
     """Lanes of the loader's page lookup: one per box of a group of STAGES tiles, to a power of two."""
     boxes = config.block_n // min(page, config.block_n)
-    return 1 << (config.num_stages * boxes - 1).bit_length()
+    return triton.next_power_of_2(config.num_stages * boxes)
 
 
 def descriptors(q, k_cache, v_cache, block_n: int):
@@ -286,6 +288,6 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides,
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, NQ=q_desc.block_shape[1], HEAD_DIM=head_dim, BLOCK_N=config.block_n,
-        STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl, launch_pdl=pdl, **LAUNCH_OPTIONS,
+        STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl, **pdl_options(pdl), **LAUNCH_OPTIONS,
     )  # fmt: skip
     return out
