@@ -168,7 +168,6 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
     sets = perm.shape[0]
     out = torch.empty_like(q)
-    scale = head_dim**-0.5
 
     def ours(splits, cfg):
         return decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, cfg)
@@ -194,16 +193,21 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
                 row["sweep_us"][f"{config_name(c)} S={s}"] = row["ours_us"] if same else graph_time_us(ours(s, c))
     best = min(row["sweep_us"], key=row["sweep_us"].get)
     row["best_fixed"], row["best_fixed_us"] = best, row["sweep_us"][best]
-    # SDPA over contiguous KV, the same number of L2-defeating copies
-    kc = torch.randn(sets, batch, kv_heads, ctx, head_dim, device="cuda", dtype=dtype)
+    row["sdpa_us"] = graph_time_us(sdpa_calls(q, kv_heads, ctx, sets))
+    return row
+
+
+def sdpa_calls(q, kv_heads, ctx, sets):
+    """SDPA's peer of a decode call on contiguous K/V [batch, kv_heads, ctx, head_dim]: one call per L2-defeating
+    copy (`sets`, as many as decode_inputs made)."""
+    batch, q_heads, head_dim = q.shape
+    kc = torch.randn(sets, batch, kv_heads, ctx, head_dim, device="cuda", dtype=q.dtype)
     vc = torch.randn_like(kc)
     q4 = q.view(batch, q_heads, 1, head_dim)
-    gqa = q_heads != kv_heads
-    fns = [
+    scale, gqa = head_dim**-0.5, q_heads != kv_heads
+    return [
         lambda s=s: F.scaled_dot_product_attention(q4, kc[s], vc[s], scale=scale, enable_gqa=gqa) for s in range(sets)
     ]
-    row["sdpa_us"] = graph_time_us(fns)
-    return row
 
 
 def bench_prefill(dtype, batch, length, device, config=None, prefix=0):

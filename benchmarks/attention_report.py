@@ -3,6 +3,7 @@ judged against, and the Markdown tables (benchmarks/attention.py writes them).""
 
 from __future__ import annotations
 
+from benchmarks.report import versions_line
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig
 
 
@@ -39,8 +40,7 @@ def targets(decode_rows, prefill_rows, copy_gbs):
 def markdown(res):
     lines = [
         f"# Attention kernels on {res['device']}", "",
-        f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; "
-        f"copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
+        f"{versions_line(res)}; copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
         f"Decode config {res['decode_config']} (for one-wave grids: warp-specialized "
         f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}; for grids of several waves: "
         f"warp-specialized {res.get('decode_ws_waves_config')}); "

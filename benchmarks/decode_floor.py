@@ -6,9 +6,9 @@ One sequence, heads 32/8, head_dim 128, fp16, paged KV (block 16, shuffled), the
 its one-wave split count, at L = 1k, 4k, 16k. Every time is a CUDA-graph replay of back-to-back calls with
 programmatic dependent launch where the arch has it, over enough KV copies to defeat the L2 (graph_time_us):
 
-- plan: the decode kernel and the reduce kernel that merges its splits (what a layer runs at 4k and 16k; at 1k,
-  where no split count gives the one-CTA config >= 128 keys per split at one wave, the engine's plan differs:
-  here it keeps that config at 8 splits);
+- plan: the decode kernel and the reduce kernel that merges its splits (what a layer runs at 4k and 16k; at 1k
+  the one-CTA config's one-wave count, 16, would read 64 keys per split, below splits.DEEP_MIN_TOKENS, and the
+  engine's plan leaves that config: here it keeps it at 8 splits, the most that read 128 keys each);
 - decode kernel: the decode kernel alone (its partials), reduce: the reduce kernel alone;
 - read floor: a kernel that only reads the K/V bytes of the call (contiguous, each CTA's loads issued at once,
   the best of 8k-64k elements per CTA) and sums them - no page table, no arithmetic to speak of, no second kernel;
@@ -25,13 +25,12 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from benchmarks.attention import PAGE, decode_inputs
+from benchmarks.attention import PAGE, decode_inputs, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import save_results, versions
+from benchmarks.report import save_results, versions, versions_line
 from kernels.attention import decode, decode_ws, splits
 from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
@@ -81,9 +80,10 @@ def bench_length(length: int, device, config, pdl: bool) -> dict:
     sets = perm.shape[0]
     out = torch.empty_like(q)
     scale = HEAD_DIM**-0.5
-    # the one-wave split count; where splits would read < DEEP_MIN_TOKENS keys (L=1k), as many as still read that
-    count = splits.deep_splits(KV_HEADS, length, device.sm_count, config.ctas_per_sm)
-    count = count or 1 << (length // splits.DEEP_MIN_TOKENS).bit_length() - 1
+    # the one-wave split count, at most as many splits as still read DEEP_MIN_TOKENS keys each (at L=1k 8, where
+    # the wave alone would take 16 and the plan then leaves the one-CTA config)
+    most = length // splits.DEEP_MIN_TOKENS
+    count = splits.deep_splits(KV_HEADS, length, device.sm_count, config.ctas_per_sm, max_splits=most)
     part = torch.empty(1, Q_HEADS, count, HEAD_DIM, device="cuda", dtype=torch.float32)
     lse = torch.empty(1, Q_HEADS, count, device="cuda", dtype=torch.float32)
 
@@ -96,9 +96,6 @@ def bench_length(length: int, device, config, pdl: bool) -> dict:
     def reduce():
         decode.reduce_partials(part, lse, out, pdl)
 
-    k4 = torch.randn(sets, 1, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.float16)
-    v4 = torch.randn_like(k4)
-    q4 = q.view(1, Q_HEADS, 1, HEAD_DIM)
     flag = torch.zeros(1, device="cuda")
     row = {"length": length, "kv_mb": kv_bytes / 2**20, "splits": count, "config": str(config)}
     row["plan_us"] = graph_time_us([lambda t=t: plan(t) for t in perm])
@@ -106,18 +103,15 @@ def bench_length(length: int, device, config, pdl: bool) -> dict:
     row["reduce_us"] = graph_time_us([reduce], min_calls=64)
     row["read_floor_us"] = read_floor_us(kv_bytes // 2, sets, pdl)
     row["empty_us"] = graph_time_us([lambda: _empty_kernel[(128,)](flag, PDL=pdl, **pdl_options(pdl))], min_calls=64)
-    sdpa = [
-        lambda s=s: F.scaled_dot_product_attention(q4, k4[s], v4[s], scale=scale, enable_gqa=True) for s in range(sets)
-    ]
-    row["sdpa_us"] = graph_time_us(sdpa)
+    row["sdpa_us"] = graph_time_us(sdpa_calls(q, KV_HEADS, length, sets))
     return row
 
 
 def markdown(res: dict) -> str:
     lines = [
         f"# Batch-1 decode against its floor on {res['device']}", "",
-        f"{res['date']}; torch {res['torch']}, triton {res['triton']}, python {res['python']}; programmatic "
-        f"dependent launch: {res['pdl']}. Heads {Q_HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, fp16, one sequence, "
+        f"{versions_line(res)}; programmatic dependent launch: {res['pdl']}. Heads {Q_HEADS}/{KV_HEADS}, "
+        f"head_dim {HEAD_DIM}, fp16, one sequence, "
         f"pages of {PAGE}; CUDA-graph replays of back-to-back calls, L2 defeated (benchmarks/decode_floor.py says "
         "what each column runs).", "",
         "| L | KV MB | splits | plan us | decode kernel us | reduce us | read floor us | empty kernel us | SDPA us "

@@ -24,6 +24,12 @@ def versions(transformers: bool = False) -> dict:
     return res
 
 
+def versions_line(res: dict) -> str:
+    """The Markdown header line of what `versions` recorded in a result: the date, then the versions."""
+    names = ["torch", "triton", "transformers", "python"]
+    return f"{res['date']}; " + ", ".join(f"{name} {res[name]}" for name in names if name in res)
+
+
 def save_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str] | None = None) -> None:
     """Write `stem`.json (creating its folder); with `render`, then `stem`.md (render_results). The JSON is
     written first, so a partial result survives a failing or interrupted render."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import save_results, versions
+from benchmarks.report import save_results, versions, versions_line
 from tests.llm.tiny import rel_err
 
 CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -231,8 +231,7 @@ def markdown(res: dict) -> str:
     nan = float("nan")
     ceiling = res.get("gemm_tflops", nan)
     lines = [f"# Vision towers on {res['device']}", "",
-             f"{res['date']}; torch {res['torch']}, triton {res['triton']}, transformers {res['transformers']}, "
-             f"python {res['python']}. bf16, random weights; images/s = batch / median forward time.",
+             f"{versions_line(res)}. bf16, random weights; images/s = batch / median forward time.",
              "", f"FLOP ceiling: one large (8192^3 on a GPU) bf16 matmul runs at {ceiling:.0f} TFLOP/s "
              "on this device in the same run; `of ceiling` is the best of ours (eager or graph) in TFLOP/s over it "
              "(FLOPs per image from torch's FLOP counter on the transformers tower).", ""]  # fmt: skip
