@@ -6,7 +6,7 @@ CPU: tiny shapes under TRITON_INTERPRET=1. GPU: the same cases at real sizes.
 import pytest
 import torch
 
-from kernels.attention import decode, decode_ws, plan
+from kernels.attention import decode
 from kernels.attention.configs import TABLES
 from tests.kernels.attention_helpers import (
     ARCHS,
@@ -16,7 +16,6 @@ from tests.kernels.attention_helpers import (
     assert_close,
     decode_case,
     make_paged,
-    plan_inputs,
     sim_device,
 )
 
@@ -82,24 +81,10 @@ def test_decode_sm90_shallow_and_deep_configs_run_here(head_dim):
         assert_close(out, ref, torch.float16)
 
 
-def test_decode_plan_runs_a_one_wave_config_on_a_one_wave_grid():
-    """On sm_90 a grid of one wave runs the Gluon kernel's config (one CTA per SM, where Gluon is there), then
-    the same kernel at two CTAs per SM, else the deep Triton config (two CTAs per SM, splits reading >= 128 keys);
-    a given split count keeps the config it is the own count of. Computes the right thing (on an sm_90 GPU
-    through the kernel planned)."""
-    device = sim_device((9, 0), sm_count=KV_HEADS)  # one sequence's KV heads: one CTA per SM with one split
-    q, k_cache, tables = plan_inputs(1, 70 * 16, KV_HEADS * 4, KV_HEADS)  # make_paged's 70 pages for 1100 tokens
-    table = TABLES["sm_90"]
-    deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
-    if decode_ws.available(device, 4, 16):
-        assert plan.decode_plan(q, k_cache, tables, device) == (1, ws)
-        assert plan.decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
-        assert plan.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, waves)  # two CTAs per SM
-        assert plan.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, waves)  # two waves of it
-    else:
-        assert plan.decode_plan(q, k_cache, tables, device) == (2, deep)
-        assert plan.decode_plan(q, k_cache, tables, device, num_splits=2) == (2, deep)  # deep's own count
-        assert plan.decode_plan(q, k_cache, tables, device, num_splits=4) == (4, table.decode_config(128))
+def test_a_one_wave_grid_runs_its_planned_config():
+    """One sequence's KV heads on as many SMs: the plan's one-wave config (test_split_heuristic says which),
+    on an sm_90 GPU through the kernel planned, computes the right thing."""
+    device = sim_device((9, 0), sm_count=KV_HEADS)  # one CTA per SM with one split
     out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
     assert_close(out, ref, torch.float16)
 

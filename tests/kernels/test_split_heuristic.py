@@ -58,9 +58,7 @@ def test_fewer_sms_need_fewer_splits():
 
 def test_decode_splits_reads_only_host_values():
     """The engine-facing helper: the context bound is the block table's width, the SM count the device's."""
-    q = torch.empty(2, 32, 128, dtype=torch.float16)
-    k_cache = torch.empty(1, 16, 8, 128, dtype=torch.float16)
-    tables = torch.empty(2, 256, dtype=torch.int32)  # 4096 tokens
+    q, k_cache, tables = plan_inputs(2, 4096)  # meta tensors: 2 sequences, 8 KV heads, a table of 4096 tokens
     dev = sim_device((9, 0), sm_count=132)
     cfg, deep = TABLES["sm_90"].decode_config(128), TABLES["sm_90"].decode_deep_config(128)
     want = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 132, cfg.ctas_per_sm, cfg.block_n, 4000.0)
@@ -93,8 +91,8 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     several waves; the Triton configs elsewhere."""
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
-    def plan(batch, ctx, dev, dtype=torch.float16):
-        return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev)
+    def plan(batch, ctx, dev, dtype=torch.float16, gluon=True):
+        return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev, gluon=gluon)
 
     table = TABLES["sm_90"]
     deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
@@ -112,11 +110,11 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
-    else:
-        assert plan(32, 2048, dev90) == (1, deep)
-        assert plan(1, 32768, dev90) == (32, deep)
-        assert plan(128, 512, dev90)[1] == table.decode_config(128)
-        assert plan(1, 1024, dev90)[1] == table.decode_config(128)
+    # the Triton configs (a Triton without Gluon, or a call the Gluon kernel cannot run)
+    assert plan(32, 2048, dev90, gluon=False) == (1, deep)
+    assert plan(1, 32768, dev90, gluon=False) == (32, deep)
+    assert plan(128, 512, dev90, gluon=False)[1] == table.decode_config(128)
+    assert plan(1, 1024, dev90, gluon=False)[1] == table.decode_config(128)
     assert plan(1, 32768, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
@@ -130,12 +128,30 @@ def test_decode_plan_of_a_grid_of_several_waves():
     inputs = plan_inputs(40, 32768)  # 40 sequences of 32k keys, 8 KV heads: 320 units
     waves, triton = TABLES["sm_90"].decode_ws_waves_config(128), TABLES["sm_90"].decode_config(128)
     # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
-    expected = (9, waves) if decode_ws.available(sm90, 4, 16) else (3, triton)
-    assert decode_plan(*inputs, sm90) == expected
+    if decode_ws.available(sm90, 4, 16):
+        assert decode_plan(*inputs, sm90) == (9, waves)
+    assert decode_plan(*inputs, sm90, gluon=False) == (3, triton)
     assert decode_plan(*inputs, sm80)[1] == TABLES["sm_80"].decode_config(128)
     fp32 = plan_inputs(40, 32768, dtype=torch.float32)
     assert decode_plan(*fp32, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert decode_plan(*plan_inputs(40, 32768, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_config(64)
+
+
+def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own():
+    """One sequence's 8 KV heads on 8 SMs: one CTA per SM with one split runs the one-CTA Gluon config (where
+    Gluon is there); a given count runs the config it is the own count of, else the next one."""
+    device = sim_device((9, 0), sm_count=8)
+    q, k_cache, tables = plan_inputs(1, 70 * 16)
+    table = TABLES["sm_90"]
+    deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
+    if decode_ws.available(device, 4, 16):
+        assert decode_plan(q, k_cache, tables, device) == (1, ws)
+        assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
+        assert decode_plan(q, k_cache, tables, device, num_splits=2) == (2, waves)  # two CTAs per SM
+        assert decode_plan(q, k_cache, tables, device, num_splits=4) == (4, waves)  # two waves of it
+    assert decode_plan(q, k_cache, tables, device, gluon=False) == (2, deep)
+    assert decode_plan(q, k_cache, tables, device, 2, gluon=False) == (2, deep)  # deep's own count
+    assert decode_plan(q, k_cache, tables, device, 4, gluon=False) == (4, table.decode_config(128))
 
 
 @pytest.mark.parametrize("sm_count", [78, 114, 132])

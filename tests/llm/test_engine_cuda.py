@@ -36,6 +36,7 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, monkeypatch):
         plans = [llm.engine.runner.decode_plan(batch) for batch in (1, 2)]
         assert all(isinstance(config, WsDecodeConfig) for _, config in plans), plans
         assert [count for count, _ in plans] == [64, 32]
+        assert (llm.engine.runner.graphs is None) == eager  # the graph run replays captured graphs
         launched.clear()
         results[eager] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         if eager:  # every decode layer call (graph replays launch nothing from Python)
