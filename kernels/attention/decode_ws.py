@@ -95,11 +95,11 @@ if gluon is not None:
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0)
 
     @gluon.jit
-    def _group_pages(table, key0, last_page, ok, BOX: gl.constexpr, LANES: gl.constexpr, PAGE: gl.constexpr):
+    def _group_pages(table, key0, last_page, ok, LANES: gl.constexpr, PAGE: gl.constexpr):
         """The pages of the LANES boxes from key0 on (a lane each: a group of STAGES tiles, looked up together
         ahead of the group and consumed by _box_page); boxes past the split's end repeat its last page."""
         boxes = gl.arange(0, LANES, layout=gl.BlockedLayout([1], [32], [1], [0]))
-        return gl.load(table + gl.minimum((key0 + boxes * BOX) // PAGE, last_page), mask=(boxes >= 0) & ok, other=0)
+        return gl.load(table + gl.minimum(key0 // PAGE + boxes, last_page), mask=(boxes >= 0) & ok, other=0)
 
     @gluon.jit
     def _box_page(pages, r):
@@ -113,8 +113,9 @@ if gluon is not None:
                 STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty = bars
         start, lo, hi, n = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
-        BOX: gl.constexpr = PAGE if PAGE < BLOCK_N else BLOCK_N
-        NBOX: gl.constexpr = BLOCK_N // BOX
+        # a box per page: tiles start at multiples of BLOCK_N, which pages (16-64 tokens) divide
+        gl.static_assert(BLOCK_N % PAGE == 0, "whole pages per tile")
+        NBOX: gl.constexpr = BLOCK_N // PAGE
         tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * kc_desc.dtype.primitive_bitwidth // 8
         last_page = (hi - 1) // PAGE
         table = tables_ptr + b.to(gl.int64) * stride_tb
@@ -124,30 +125,26 @@ if gluon is not None:
         # wait for that kernel (q and the cache's new rows are its output)
         GROUP_KEYS: gl.constexpr = STAGES * BLOCK_N
         gl.static_assert(LANES >= STAGES * NBOX, "a lane per box of the group")
-        pages = _group_pages(table, lo, last_page, n > 0, BOX, LANES, PAGE)
+        pages = _group_pages(table, lo, last_page, n > 0, LANES, PAGE)
         if PDL:
             gdc_wait()
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
         for g in range(gl.cdiv(n, STAGES)):
-            following = _group_pages(
-                table, lo + (g + 1) * GROUP_KEYS, last_page, (g + 1) * STAGES < n, BOX, LANES, PAGE
-            )
+            following = _group_pages(table, lo + (g + 1) * GROUP_KEYS, last_page, (g + 1) * STAGES < n, LANES, PAGE)
             for s in gl.static_range(STAGES):
                 j = g * STAGES + s
                 if j < n:
-                    key0 = lo + j * BLOCK_N
                     mbarrier.wait(kv_empty.index(s), (g & 1) ^ 1)
                     mbarrier.expect(k_ready.index(s), tile_bytes)
                     mbarrier.expect(v_ready.index(s), tile_bytes)
                     for r in gl.static_range(NBOX):  # boxes past the end repeat the last page's rows (masked)
-                        key = key0 + r * BOX
-                        coord = [_box_page(pages, s * NBOX + r) * PAGE + key % PAGE, kvh * HEAD_DIM]
+                        coord = [_box_page(pages, s * NBOX + r) * PAGE, kvh * HEAD_DIM]
                         tma.async_copy_global_to_shared(
-                            kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * BOX, BOX)
+                            kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * PAGE, PAGE)
                         )
                         tma.async_copy_global_to_shared(
-                            vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * BOX, BOX)
+                            vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * PAGE, PAGE)
                         )
             pages = following
 
@@ -258,7 +255,7 @@ def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
 
 def page_lanes(config, page: int) -> int:
     """Lanes of the loader's page lookup: one per box of a group of STAGES tiles, to a power of two."""
-    boxes = config.block_n // min(page, config.block_n)
+    boxes = config.block_n // page
     return triton.next_power_of_2(config.num_stages * boxes)
 
 
@@ -271,8 +268,7 @@ def descriptors(q, k_cache, v_cache, block_n: int):
     q_layout = gl.NVMMASharedLayout.get_default_for([1, columns, head_dim], dtype)
     q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, columns, head_dim], q_layout)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
-    box = min(page, block_n)
-    return q_desc, row_descriptor(k_cache, box, kv_layout), row_descriptor(v_cache, box, kv_layout)
+    return q_desc, row_descriptor(k_cache, page, kv_layout), row_descriptor(v_cache, page, kv_layout)
 
 
 def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False):
