@@ -285,7 +285,7 @@ def main():
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(),
            "decode_config": str(table.decode_config(128)), "decode_deep_config": str(table.decode_deep_config(128)),
            "decode_ws_config": str(table.decode_ws_config(128)),
-           "decode_ws_waves_config": str(table.decode_ws_waves_config(128)),
+           "decode_ws_waves_config": str(table.decode_ws_config(128, waves=True)),
            "prefill_config": str(table.prefill_config(128)),
            "prefill_ws_config": str(table.prefill_ws_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()

@@ -121,13 +121,14 @@ class ArchTable:
         tile: the two CTAs per SM the config is meant for no longer fit)."""
         return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
 
-    def decode_ws_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsDecodeConfig | None:
-        """The warp-specialized decode's config, or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
-        return self.decode_ws.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
-
-    def decode_ws_waves_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> WsDecodeConfig | None:
-        """The warp-specialized decode's config for grids beyond one wave of `decode_ws`, or None."""
-        return self.decode_ws_waves.get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
+    def decode_ws_config(
+        self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False
+    ) -> WsDecodeConfig | None:
+        """The warp-specialized decode's config at one CTA per SM (`decode_ws`) or, with `waves`, at two
+        (`decode_ws_waves`), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        if dtype not in (torch.float16, torch.bfloat16):
+            return None
+        return (self.decode_ws_waves if waves else self.decode_ws).get(head_dim)
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -253,13 +254,13 @@ TABLES: dict[str, ArchTable] = {
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1)},
         # the same kernel with a 2-stage ring (67-88 KB, and registers for two CTAs per SM) for the grids beyond
-        # one wave of it, once
-        # its loader looked a group of tiles' pages up at once. On the H200 (2026-11-30, the 16 fp16 decode
-        # shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of the 9 grids of more than 132
-        # (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k 64.1 vs 65.4), 0.8% more
-        # at 32/8 B=128 L=512. Behind the one-CTA config then on most grids that config fits (B=1: up to 2%); since
-        # the swap ahead of it on the one-wave grids it would split 2-8 ways (splits.TWO_CTA_COUNTS), which it
-        # takes with twice the splits. Unmeasured at head_dim 64 (its Triton configs stay).
+        # one wave of decode_ws (measured once the loader looked a group of tiles' pages up at once). On the H200
+        # (2026-11-30, the 16 fp16 decode shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of
+        # the 9 grids of more than 132 (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k
+        # 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also takes the
+        # one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
+        # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). Unmeasured at head_dim 64 (its
+        # Triton configs stay).
         decode_ws_waves={128: WD(64, 2, 2)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%

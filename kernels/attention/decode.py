@@ -185,12 +185,12 @@ def paged_decode_attention(
     """Paged decode; `device` overrides the arch table (tests run other archs' configs) and `config` the plan's
     config (the engine passes the one its split count was planned with; tests pick one), else plan.decode_plan picks
     the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel where
-    `decode_ws.available` and `supports` the call, else the arch's Triton config with the same split count."""
+    `decode_ws.available` and `supports` the call, else the Triton config decode_plan pairs with the same split
+    count (plan.triton_config)."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     device = device or device_for(q)
-    table = table_for(device)
-    check_dtype(table, q.dtype)
+    check_dtype(table_for(device), q.dtype)
     num_splits = None if num_splits is None else max(1, int(num_splits))
     if config is None:
         num_splits, config = plan.decode_plan(q, k_cache, block_tables, device, num_splits)

@@ -1,6 +1,7 @@
 """Programmatic dependent launch (sm_90 and newer, the arch table's `pdl`): a decode step's kernels start while
 the kernel before them still runs and wait (griddepcontrol.wait) only before reading what it writes. `decode.py`
-says what each kernel does before its wait; tests/kernels/sm90_ptx.py checks the compiled order."""
+says what each kernel does before its wait; tests/kernels/test_dependent_launch.py checks the compiled order
+(through tests/kernels/sm90_ptx.py) and that results do not change."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from kernels.attention import decode_ws
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig, table_for
-from kernels.attention.splits import TWO_CTA_COUNTS
 
 
 def decode_plan(
@@ -32,10 +31,13 @@ def decode_plan(
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
         for c in one_wave_configs(table, head_dim, q.dtype, ws)
     ]
-    for (one_wave, count), (following, following_count) in zip(plans, plans[1:] + [(None, None)], strict=False):
-        # only the one-CTA Gluon config is followed by a Gluon config (the two-CTA one); it gives way to it
-        gives_way = isinstance(following, WsDecodeConfig) and following_count is not None
-        if count is not None and num_splits in (None, count) and not (gives_way and count in TWO_CTA_COUNTS):
+    # only the one-CTA Gluon config can be followed by a Gluon config (the two-CTA one): where that one fits the
+    # grid in one wave too, the one-CTA config gives way to it at the counts of TWO_CTA_COUNTS
+    if len(plans) > 1 and isinstance(plans[1][0], WsDecodeConfig) and plans[1][1] is not None:
+        if plans[0][1] in split_model.TWO_CTA_COUNTS:
+            del plans[0]
+    for one_wave, count in plans:
+        if count is not None and num_splits in (None, count):
             return count, one_wave
     config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
@@ -48,15 +50,15 @@ def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
     then at two (decode_ws_waves; it also takes the grids the one-CTA config would split 2-8 ways); then the deep
     Triton config."""
-    gets = [table.decode_ws_config, table.decode_ws_waves_config] if ws else []
-    configs = [get(head_dim, dtype) for get in gets] + [table.decode_deep_config(head_dim, dtype)]
+    gluon = [table.decode_ws_config(head_dim, dtype, waves) for waves in (False, True)] if ws else []
+    configs = gluon + [table.decode_deep_config(head_dim, dtype)]
     return [c for c in configs if c is not None]
 
 
 def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:
     """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
     kernel's decode_ws_waves where there is one, else the Triton config."""
-    return (table.decode_ws_waves_config(head_dim, dtype) if ws else None) or table.decode_config(head_dim, dtype)
+    return (table.decode_ws_config(head_dim, dtype, waves=True) if ws else None) or table.decode_config(head_dim, dtype)
 
 
 def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig) -> int:

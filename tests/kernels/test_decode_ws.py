@@ -139,7 +139,7 @@ def test_ws_decode_tile_shapes(block_n, stages, page):
 def test_ws_waves_config_over_a_grid_of_several_waves(dtype):
     """The two-CTAs-per-SM config over more (sequence, KV head) units than one wave holds: ragged lengths,
     1 and 3 splits, a window."""
-    config = TABLES["sm_90"].decode_ws_waves_config(128, dtype)
+    config = TABLES["sm_90"].decode_ws_config(128, dtype, waves=True)
     lens = [(37 * i) % 700 + 1 for i in range(40)]  # 40 sequences x 8 KV heads = 320 units > 264
     for window, splits in ((None, 1), (None, 3), (200, 1)):
         out, ref = decode_case(lens, 16, 32, 8, 128, dtype, window, splits, config)

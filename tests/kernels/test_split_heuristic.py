@@ -95,7 +95,11 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev, gluon=gluon)
 
     table = TABLES["sm_90"]
-    deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
+    deep, ws, waves = (
+        table.decode_deep_config(128),
+        table.decode_ws_config(128),
+        table.decode_ws_config(128, waves=True),
+    )
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
         assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
@@ -126,7 +130,7 @@ def test_decode_plan_of_a_grid_of_several_waves():
     split count for that config."""
     sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
     inputs = plan_inputs(40, 32768)  # 40 sequences of 32k keys, 8 KV heads: 320 units
-    waves, triton = TABLES["sm_90"].decode_ws_waves_config(128), TABLES["sm_90"].decode_config(128)
+    waves, triton = TABLES["sm_90"].decode_ws_config(128, waves=True), TABLES["sm_90"].decode_config(128)
     # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
     if decode_ws.available(sm90, 4, 16):
         assert decode_plan(*inputs, sm90) == (9, waves)
@@ -143,7 +147,11 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
     device = sim_device((9, 0), sm_count=8)
     q, k_cache, tables = plan_inputs(1, 70 * 16)
     table = TABLES["sm_90"]
-    deep, ws, waves = table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_waves_config(128)
+    deep, ws, waves = (
+        table.decode_deep_config(128),
+        table.decode_ws_config(128),
+        table.decode_ws_config(128, waves=True),
+    )
     if decode_ws.available(device, 4, 16):
         assert decode_plan(q, k_cache, tables, device) == (1, ws)
         assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
