@@ -41,10 +41,11 @@ EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cache
 STEP_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (128, 2048)]  # (batch, context) of the KV write + decode step
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
+HEAD_DIM = 128  # of every decode input
 
 
 def decode_inputs(dtype, q_heads, kv_heads, batch, ctx):
-    head_dim = 128
+    head_dim = HEAD_DIM
     kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
     sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
     num_blocks = sets * batch * (ctx // PAGE)
@@ -164,7 +165,7 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
     """The heuristic's plan (config and splits; or `config` forced) against a sweep of fixed split counts for
     every decode config of the arch (the shallow one and, where there are, the deep one and the Gluon kernel's),
     and SDPA."""
-    head_dim = 128
+    head_dim = HEAD_DIM
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
     sets = perm.shape[0]
     out = torch.empty_like(q)
@@ -266,7 +267,9 @@ def _shapes(text):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    parser.add_argument("--quick", action="store_true", help="two decode shapes and one prefill shape")
+    parser.add_argument(
+        "--quick", action="store_true", help="two decode shapes, one decode-step shape and one prefill shape"
+    )
     parser.add_argument(
         "--tune",
         action="store_true",
@@ -332,7 +335,7 @@ def main():
                 f"sdpa {r.get('sdpa_tflops', 0):.0f} TFLOP/s",
                 flush=True,
             )
-    res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])
+    res["targets"] = targets(res["decode"], res["prefill"])
     save_results(os.path.join(args.out, "attention_" + device.name.replace(" ", "_")), res, markdown)
 
 

@@ -14,7 +14,7 @@ def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
     return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
 
 
-def targets(decode_rows, prefill_rows, copy_gbs):
+def targets(decode_rows, prefill_rows):
     checks = {"decode_never_slower_than_sdpa": [], "decode_1.5x_sdpa_where_sdpa_under_0.65_bw": [],
               "decode_0.95_copy_bw_where_kv_over_256MB": [], "heuristic_within_10pct_of_best_fixed": [],
               "prefill_0.9x_sdpa": []}  # fmt: skip

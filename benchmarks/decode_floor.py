@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.attention import PAGE, decode_inputs, sdpa_calls
+from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import save_results, versions, versions_line
 from kernels.attention import decode, decode_ws, splits
@@ -36,7 +36,7 @@ from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import get_device_info
 
-Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # the attention benchmark's decode inputs: head_dim 128, pages of 16
+Q_HEADS, KV_HEADS = 32, 8  # on the attention benchmark's decode inputs (HEAD_DIM, pages of PAGE)
 LENGTHS = (1024, 4096, 16384)
 READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))  # (elements per CTA, warps) of the read floor
 
@@ -87,9 +87,6 @@ def bench_length(length: int, device, config, pdl: bool) -> dict:
     part = torch.empty(1, Q_HEADS, count, HEAD_DIM, device="cuda", dtype=torch.float32)
     lse = torch.empty(1, Q_HEADS, count, device="cuda", dtype=torch.float32)
 
-    def plan(t):
-        decode.paged_decode_attention(q, k_cache, v_cache, t, lens, scale, None, count, out, config=config)
-
     def kernel(t):
         decode_ws.launch(q, k_cache, v_cache, t, lens, scale, None, count, out, part, lse, config, pdl)
 
@@ -98,7 +95,7 @@ def bench_length(length: int, device, config, pdl: bool) -> dict:
 
     flag = torch.zeros(1, device="cuda")
     row = {"length": length, "kv_mb": kv_bytes / 2**20, "splits": count, "config": str(config)}
-    row["plan_us"] = graph_time_us([lambda t=t: plan(t) for t in perm])
+    row["plan_us"] = graph_time_us(decode_calls(q, k_cache, v_cache, perm, lens, count, out, config))
     row["kernel_us"] = graph_time_us([lambda t=t: kernel(t) for t in perm])
     row["reduce_us"] = graph_time_us([reduce], min_calls=64)
     row["read_floor_us"] = read_floor_us(kv_bytes // 2, sets, pdl)

@@ -16,7 +16,7 @@ def _decode_row(ours, sdpa, best, kv_mb=512.0, copy_gbs=4000.0, batch=1):
 def test_targets_judge_each_decode_row_against_its_peers():
     fast = _decode_row(ours=120.0, sdpa=125.0, best=118.0)  # faster than SDPA, within 10% of the best split
     slow = _decode_row(ours=140.0, sdpa=125.0, best=120.0, batch=8)  # slower than SDPA, 17% off the best split
-    t = targets([fast, slow], [], 4000.0)
+    t = targets([fast, slow], [])
     missed = ["float16 32/8 B=8 L=32768"]  # the slow row by name: an inverted comparison would name the other
     assert t["decode_never_slower_than_sdpa"] == {"met": False, "missed": missed, "cases": 2}
     assert t["heuristic_within_10pct_of_best_fixed"]["missed"] == missed
@@ -32,7 +32,7 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
         "step": [{"dtype": "float16", "q_heads": 32, "kv_heads": 8, "batch": 1, "ctx": 4096, "pdl_us": 10.5,
                   "no_pdl_us": 12.7}],
     }  # fmt: skip
-    res["targets"] = targets(res["decode"], res["prefill"], res["copy_gbs"])
+    res["targets"] = targets(res["decode"], res["prefill"])
     text = markdown(res)
     assert "| 64/4/6 S=32 | 120.0 | 121.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
     assert "| float16 | 32/8 | 1 | 4096 | 10.5 | 12.7 | 17.3% |" in text
@@ -50,7 +50,7 @@ def _prefill_row(ours, sdpa=None, prefix=0, batch=4):
 
 def test_prefill_rows_name_the_kernel_and_judge_fresh_rows_only():
     rows = [_prefill_row(507.0, 533.0), _prefill_row(470.0, 533.0, batch=1), _prefill_row(500.0, prefix=4096)]
-    t = targets([], rows, 4000.0)
+    t = targets([], rows)
     assert t["prefill_0.9x_sdpa"] == {"met": False, "missed": ["bfloat16 B=1 L=4096"], "cases": 2}
     res = {
         "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
