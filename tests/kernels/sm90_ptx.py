@@ -57,12 +57,11 @@ def before_wait(ptx: str) -> dict:
     return {"before": ops, "launches_dependents": any("griddepcontrol.launch_dependents" in line for line in head)}
 
 
-def gluon_decode_ptx() -> str:
+def gluon_decode_ptx(config) -> str:
     from triton.runtime.jit import mangle_type
 
     q = torch.empty(8, 32, 128, dtype=torch.float16)
     cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
-    config = TABLES["sm_90"].decode_ws_config(128)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
     consts = dict(Q_HEADS=32, GROUP=4, NQ=decode_ws.query_columns(4), HEAD_DIM=128, BLOCK_N=config.block_n)  # fmt: skip
@@ -81,7 +80,8 @@ def main() -> None:
         ),
     }  # fmt: skip
     if gluon_sm90.gluon is not None:
-        report["decode_ws"] = before_wait(gluon_decode_ptx())
+        for name, waves in (("decode_ws", False), ("decode_ws_waves", True)):
+            report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, waves=waves)))
     print(json.dumps(report))
 
 

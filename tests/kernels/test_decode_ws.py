@@ -1,7 +1,8 @@
 """The warp-specialized sm_90 decode (Gluon) against the float64 torch reference, and when it is chosen.
 
-The kernel runs on an sm_90 GPU only (Gluon has no interpreter); its choice (`plan.decode_plan`,
-`decode_ws.available`/`supports`) and the Triton fallback are checked everywhere."""
+The kernel runs on an sm_90 GPU only (Gluon has no interpreter); when it can serve a call
+(`decode_ws.available`/`supports`) and the Triton fallback's numerics are checked everywhere, the plan that picks it
+in test_split_heuristic.py."""
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ from tests.kernels.attention_helpers import (
     assert_close,
     decode_case,
     needs_sm90,
-    plan_inputs,
     sim_device,
 )
 
@@ -80,22 +80,6 @@ def test_a_ws_config_falls_back_to_the_triton_kernel_where_it_cannot_run():
     """On CPU (and for a softcap anywhere) a WsDecodeConfig runs the Triton kernel with the same split count."""
     out, ref = decode_case([1, 17, 40], 16, 8, 2, 64, torch.float16, None, 3, WsDecodeConfig(64, 4, 1), softcap=20.0)
     assert_close(out, ref, torch.float16)
-
-
-def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
-    """A call the Gluon kernel cannot run keeps its planned split count on the Triton kernel: the deep config
-    where that count is the deep config's own one-wave count, else the arch's config."""
-    sm90, table = sim_device((9, 0), sm_count=132), TABLES["sm_90"]
-    deep, shallow = table.decode_deep_config(128), table.decode_config(128)
-
-    def fallback(batch, ctx, splits):
-        return plan.triton_config(sm90, *plan_inputs(batch, ctx), splits)
-
-    assert fallback(32, 2048, 1) == deep  # 256 units: one wave of two CTAs per SM, unsplit
-    assert fallback(32, 2048, 3) == shallow  # not the deep config's count
-    assert fallback(1, 32768, 16) == shallow  # the one-CTA Gluon count; the deep config's would be 32
-    assert fallback(1, 32768, 32) == deep
-    assert fallback(128, 2048, 1) == shallow  # many waves
 
 
 LENS = [1, 15, 16, 17, 63, 64, 65, 129, 1000, 4097]

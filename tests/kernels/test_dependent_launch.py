@@ -14,7 +14,7 @@ import torch
 from kernels.attention import decode, gluon_sm90, kv_write, pdl, reference
 from kernels.attention.configs import TABLES
 from kernels.device import DeviceInfo, TritonMode, device_for
-from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, sim_device
+from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, needs_sm90, sim_device
 
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
@@ -55,12 +55,13 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
     assert sm90_ptx["reduce"] == {"before": [], "launches_dependents": True}
     assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True}
     if gluon_sm90.gluon is not None:
-        assert set(sm90_ptx["decode_ws"]["before"]) == {"ld.global"}
-        assert not sm90_ptx["decode_ws"]["launches_dependents"]
+        for config in ("decode_ws", "decode_ws_waves"):  # the one-CTA and the two-CTA Gluon configs
+            assert set(sm90_ptx[config]["before"]) == {"ld.global"}
+            assert not sm90_ptx[config]["launches_dependents"]
 
 
 @pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
-@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+@pytest.mark.parametrize("kernel", [pytest.param("gluon", marks=needs_sm90), "triton"])
 @pytest.mark.parametrize("splits", [1, 8])
 def test_decode_right_after_the_kv_write_reads_the_new_rows(kernel, splits):
     """The engine's order: the step's K/V rows are written, then attended at once; the KV write lets the decode
@@ -101,6 +102,7 @@ def test_dependent_launch_changes_no_result_bit():
     def run():
         return decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.09, None, 16)
 
+    assert pdl.dependent_launch(device_for(q))
     dependent = run()
     with pdl.without_dependent_launch(device_for(q)):
         assert not pdl.dependent_launch(device_for(q))

@@ -1,11 +1,12 @@
-"""The decode split-count heuristic (plain Python, no GPU): its decisions and its wave model."""
+"""The decode split-count heuristic (plain Python, no GPU): its decisions and its wave model, and the decode plan
+built on it (kernels/attention/plan.py: which config, how many splits, the Triton fallback's config)."""
 
 import pytest
 import torch
 
 from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
-from kernels.attention.plan import decode_plan, decode_splits
+from kernels.attention.plan import decode_plan, decode_splits, triton_config
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
@@ -63,11 +64,15 @@ def test_decode_splits_reads_only_host_values():
     cfg, deep = TABLES["sm_90"].decode_config(128), TABLES["sm_90"].decode_deep_config(128)
     want = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 132, cfg.ctas_per_sm, cfg.block_n, 4000.0)
     assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
+    dev114 = sim_device((9, 0), sm_count=114)  # not the 132 SMs the CPU interpreter plans with
+    want114 = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 114, cfg.ctas_per_sm, cfg.block_n, 4000.0)
+    assert decode_splits(q, k_cache, tables, dev114, cfg) == want114 != want
     # no config: the one-wave plan of 16 KV-head units on 132 SMs, at two CTAs per SM: the Gluon kernel's (its
     # one-CTA config would split them 8 ways) or the deep Triton config's
     assert splits.deep_splits(16, 4096, 132, 1) == 8 and splits.deep_splits(16, 4096, 132, 2) == 16
     assert decode_plan(q, k_cache, tables, dev)[0] == 16
     assert deep.ctas_per_sm == 2
+    assert decode_plan(q, k_cache, tables, dev, gluon=False) == (16, deep)
 
 
 def test_deep_pipeline_takes_a_one_wave_grid_of_long_splits():
@@ -160,6 +165,22 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
     assert decode_plan(q, k_cache, tables, device, gluon=False) == (2, deep)
     assert decode_plan(q, k_cache, tables, device, 2, gluon=False) == (2, deep)  # deep's own count
     assert decode_plan(q, k_cache, tables, device, 4, gluon=False) == (4, table.decode_config(128))
+
+
+def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
+    """A call the Gluon kernel cannot run keeps its planned split count on the Triton kernel: the deep config
+    where that count is the deep config's own one-wave count, else the arch's config."""
+    sm90, table = sim_device((9, 0), sm_count=132), TABLES["sm_90"]
+    deep, shallow = table.decode_deep_config(128), table.decode_config(128)
+
+    def fallback(batch, ctx, splits):
+        return triton_config(sm90, *plan_inputs(batch, ctx), splits)
+
+    assert fallback(32, 2048, 1) == deep  # 256 units: one wave of two CTAs per SM, unsplit
+    assert fallback(32, 2048, 3) == shallow  # not the deep config's count
+    assert fallback(1, 32768, 16) == shallow  # the one-CTA Gluon count; the deep config's would be 32
+    assert fallback(1, 32768, 32) == deep
+    assert fallback(128, 2048, 1) == shallow  # many waves
 
 
 @pytest.mark.parametrize("sm_count", [78, 114, 132])

@@ -3,7 +3,8 @@
 The runner plans decode attention's (split count, kernel config) once per batch bucket at max_model_len
 and hands both to every step. An eager step's block table is only as wide as its longest sequence; planned
 from it, a one-wave count would no longer be the one-CTA Gluon config's own and the step would run another
-config (the Gluon kernel at two CTAs per SM, or the Triton kernel). Skipped without an sm_90 GPU (the CPU suite checks the hand-over in tests/llm/test_layers.py)."""
+config (the Gluon kernel at two CTAs per SM, or the Triton kernel). Skipped without an sm_90 GPU (the CPU suite
+checks the hand-over in tests/llm/test_layers.py)."""
 
 from __future__ import annotations
 
