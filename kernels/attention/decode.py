@@ -27,9 +27,11 @@ decode kernel is launched while the kernel before it (the KV write, in a decode
 step) still runs, loads its sequence length (and, in the Gluon kernel, the first
 tiles' pages: the block table and lengths are the engine's inputs, written before
 the step) and then waits (griddepcontrol.wait) before reading q and the cache,
-which that kernel writes. The reduce kernel lets the next kernel launch at its
-start and waits before reading the partials. tests/kernels/sm90_ptx.py checks the
-compiled order.
+which that kernel writes. The Gluon kernel lets the reduce kernel launch once each
+of its CTAs has started its last tile (`decode_ws.py` says why then); the reduce
+kernel lets the next kernel launch at its start, waits before reading the partials,
+and prefers the largest shared-memory carveout, so that the next decode's CTAs can
+start beside it (`carveout.py`). tests/kernels/sm90_ptx.py checks the compiled order.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import decode_ws, plan
+from kernels.attention import carveout, decode_ws, plan
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
 from kernels.attention.gluon_sm90 import LOG2E
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
@@ -238,12 +240,15 @@ def paged_decode_attention(
     return out
 
 
-def reduce_partials(part, lse, out, pdl: bool) -> None:
+def reduce_partials(part, lse, out, pdl: bool):
     """Merge the splits' partial outputs part [batch, q_heads, splits, head_dim] and their log-sum-exps lse
-    [batch, q_heads, splits] (contiguous) into out [batch, q_heads, head_dim]."""
+    [batch, q_heads, splits] (contiguous) into out [batch, q_heads, head_dim]; returns the launched kernel."""
     batch, q_heads, num_splits, head_dim = part.shape
-    _reduce_kernel[(batch, q_heads)](
+    kernel = _reduce_kernel[(batch, q_heads)](
         part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
         PDL=pdl, num_warps=4, **pdl_options(pdl),
     )  # fmt: skip
+    if pdl:  # the next decode's CTAs start beside it (carveout.py)
+        carveout.prefer_max_shared(kernel)
+    return kernel

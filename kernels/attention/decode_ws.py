@@ -26,7 +26,16 @@ per SM. One warp does nothing but issue loads:
   log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges.
 
 With programmatic dependent launch (`pdl`) the loader loads the first group's pages, then waits for the previous
-kernel, then issues the query's and the tiles' TMA loads (`decode.py` says why).
+kernel, then issues the query's and the tiles' TMA loads (`decode.py` says why). The consumer lets the next kernel
+(the reduce, with splits) launch when it starts its split's last tile, where the split has more than one: the
+launch takes about 0.7 us, so the reduce's CTAs are in place, waiting, when the grid ends, and the next call's
+decode CTAs, launched at the reduce's start, run their prologue (the page lookups) under it. Together with the
+reduce's carveout preference (`carveout.py`; without it the trigger alone gained 0-3%), on the H200 (2026-11-30,
+same runs, fp16, best of 5): 32/8 B=1 L=4k 8.36 against 9.29 us, L=16k 20.5 against 21.5, 32/32 B=1 L=4k 19.3
+against 20.4, 0.1-2% less on the other shapes tried (B=8-128, L=32k-128k). Launching the reduce earlier cost
+time: at the start (11-23%), once the loads are issued (16% at B=1 L=4k), at the second-to-last tile (16% there);
+at the start of a one-tile split (B=1 L=1k, 16 splits of 64 keys) the decode step took 9-12% more, so such splits
+let it launch at their end.
 
 Rows of a tile past the sequence's end are loaded (the last page's stale rows: the engine's cache is
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.
@@ -56,7 +65,7 @@ from kernels.attention.gluon_sm90 import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from kernels.attention.pdl import gdc_wait, pdl_options
+from kernels.attention.pdl import gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
 
 MAX_GROUP = 64  # query heads per KV head the kernel takes (its query columns, wgmma's N, go up to 64)
@@ -152,7 +161,7 @@ if gluon is not None:
     def _consumer(q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b, kvh,
                   split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                   Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr):  # fmt: skip
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty = bars
         gl.static_assert((BLOCK_N % 64 == 0) & (HEAD_DIM % 64 == 0), "keys and head_dim are wgmma's M: 64s")
         # S^T [BLOCK_N, NQ] and O^T [HEAD_DIM, NQ]: keys and head_dim are the rows, the query group the columns
@@ -170,6 +179,9 @@ if gluon is not None:
             phase = (j // STAGES) & 1
             key0 = lo + j * BLOCK_N
             mbarrier.wait(k_ready.index(s), phase)
+            if PDL:
+                if (j == n - 1) & (j > 0):  # the next kernel may launch now (the module docstring says why here)
+                    gdc_launch_dependents()
             sc = warpgroup_mma(k_smem.index(s), q_t, zero, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(0, deps=(sc,))
             if (key0 < start) | (key0 + BLOCK_N > hi):  # a window's first tile or the range's last
@@ -229,7 +241,7 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                          window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT)),
+                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
                        bars, b, kvh, split, num_splits, GROUP, HEAD_DIM, BLOCK_N, STAGES, PAGE, LANES, PDL)),
         ], [1], [24])  # fmt: skip

@@ -46,15 +46,20 @@ def compile_ptx(fn, constexprs, descriptors=None, **options) -> str:
 
 
 def before_wait(ptx: str) -> dict:
-    """The global memory instructions before the one griddepcontrol.wait, and whether launch_dependents is among
-    the instructions before it."""
+    """The global memory instructions before the one griddepcontrol.wait, whether launch_dependents is among the
+    instructions before it, and how many launch_dependents the kernel has. (In a warp-specialized Gluon kernel the
+    text holds one partition after the other: "before" there is text order, not the order the warps run in.)"""
     lines = ptx.splitlines()
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     if len(waits) != 1:
         raise AssertionError(f"expected one griddepcontrol.wait, found {len(waits)}")
     head = lines[: waits[0]]
     ops = [m.group(1) for m in map(MEMORY_OP.search, head) if m]
-    return {"before": ops, "launches_dependents": any("griddepcontrol.launch_dependents" in line for line in head)}
+    return {
+        "before": ops,
+        "launches_dependents": any("griddepcontrol.launch_dependents" in line for line in head),
+        "launches": sum("griddepcontrol.launch_dependents" in line for line in lines),
+    }
 
 
 def gluon_decode_ptx(config) -> str:

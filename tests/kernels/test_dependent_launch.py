@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.attention import decode, gluon_sm90, kv_write, pdl, reference
+from kernels.attention import carveout, decode, gluon_sm90, kv_write, pdl, reference
 from kernels.attention.configs import TABLES
 from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, needs_sm90, sim_device
@@ -50,14 +50,16 @@ def sm90_ptx():
 def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(sm90_ptx):
     """Before griddepcontrol.wait the Triton decode kernel loads only the sequence length and the Gluon one only
     lengths and the first group of tiles' pages (the engine's inputs), no TMA and no store; the reduce and the KV write
-    read nothing before it and let the next kernel launch first."""
-    assert sm90_ptx["decode"] == {"before": ["ld.global"], "launches_dependents": False}
-    assert sm90_ptx["reduce"] == {"before": [], "launches_dependents": True}
-    assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True}
+    read nothing before it and let the next kernel launch first. The Triton decode lets the reduce launch only by
+    ending; the Gluon one has one launch_dependents, in its consumer's loop (at the last tile, decode_ws.py: where
+    is a matter of time only, the reduce waits for the whole grid whatever its CTAs signal)."""
+    assert sm90_ptx["decode"] == {"before": ["ld.global"], "launches_dependents": False, "launches": 0}
+    assert sm90_ptx["reduce"] == {"before": [], "launches_dependents": True, "launches": 1}
+    assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True, "launches": 1}
     if gluon_sm90.gluon is not None:
         for config in ("decode_ws", "decode_ws_waves"):  # the one-CTA and the two-CTA Gluon configs
             assert set(sm90_ptx[config]["before"]) == {"ld.global"}
-            assert not sm90_ptx[config]["launches_dependents"]
+            assert sm90_ptx[config]["launches"] == 1
 
 
 @pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
@@ -108,6 +110,20 @@ def test_dependent_launch_changes_no_result_bit():
         assert not pdl.dependent_launch(device_for(q))
         plain = run()
     assert torch.equal(dependent, plain)
+
+
+@pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
+def test_the_reduce_launched_early_prefers_the_most_shared_memory():
+    """The reduce kernel launched with dependent launch asks for the largest shared-memory carveout (so that the
+    next decode's CTAs can start beside it, carveout.py); launched without, it keeps CUDA's choice."""
+    part = torch.randn(2, 32, 8, 128, device=DEV)
+    lse = torch.randn(2, 32, 8, device=DEV)
+    out = torch.empty(2, 32, 128, device=DEV, dtype=torch.float16)
+    early = decode.reduce_partials(part, lse, out, pdl=True)
+    assert carveout.carveout(early) == carveout.MAX_SHARED
+    assert decode.reduce_partials(part, lse, out, pdl=True) is early  # set once per loaded kernel, kept
+    assert carveout.carveout(early) == carveout.MAX_SHARED
+    assert carveout.carveout(decode.reduce_partials(part, lse, out, pdl=False)) == -1
 
 
 def test_without_dependent_launch_turns_the_arch_off_for_the_block_and_back_even_on_error():

@@ -1,0 +1,52 @@
+"""The shared-memory carveout of the split merge (`decode._reduce_kernel`), so that decode CTAs can start beside it.
+
+An SM splits its on-chip memory between L1 and shared memory per kernel (the carveout; CUDA picks it from the
+kernel's needs unless the kernel states a preference), and it changes the split only when it is idle. The reduce
+kernel needs almost no shared memory, so its SMs run with a small carveout, and a CTA of a kernel that needs more
+(the sm_90 Gluon decode kernel: 134 KB at one CTA per SM) cannot start on an SM where a reduce CTA still runs.
+With programmatic dependent launch the reduce kernel is launched while the decode grid still runs (`decode_ws.py`
+says when) and lets the next call's decode kernel launch at its start; with its preference set to the largest
+shared-memory carveout, those decode CTAs start beside it on every SM instead of waiting for it to leave.
+
+On the H200 (2026-11-30, fp16, 32/8 B=1 L=4k, the plan's 16 splits): without the preference 28 of the 128 decode
+CTAs started 0.6-0.8 us late, on the SMs of the 32 reduce CTAs, and the grid's last CTA finished 2 us after its
+median one; with the early launch and the preference the plan took 8.3-8.4 us instead of 9.3 (decode_ws.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+_CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+MAX_SHARED = 100  # CU_SHAREDMEM_CARVEOUT_MAX_SHARED: the percentage of the most shared memory the SM can have
+
+_set: set[int] = set()  # CUfunction handles whose preference is set
+_driver: list = []  # libcuda, loaded once
+
+
+def _libcuda():
+    if not _driver:
+        _driver.append(ctypes.CDLL("libcuda.so.1"))
+    return _driver[0]
+
+
+def prefer_max_shared(kernel) -> None:
+    """Set a launched Triton kernel's (the CompiledKernel its launch returns) carveout preference to the most shared
+    memory, once per loaded kernel: its first launch ran with CUDA's choice, the launches after it (and the CUDA
+    graphs captured after it) run with the preference."""
+    handle = kernel.function
+    if handle in _set:
+        return
+    err = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(handle), _CARVEOUT_ATTRIBUTE, ctypes.c_int(MAX_SHARED))
+    if err != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(preferred shared memory carveout) failed with CUresult {err}")
+    _set.add(handle)
+
+
+def carveout(kernel) -> int:
+    """The carveout preference of a launched Triton kernel as CUDA reports it (-1: none stated); the tests read it."""
+    value = ctypes.c_int()
+    err = _libcuda().cuFuncGetAttribute(ctypes.byref(value), _CARVEOUT_ATTRIBUTE, ctypes.c_void_p(kernel.function))
+    if err != 0:
+        raise RuntimeError(f"cuFuncGetAttribute(preferred shared memory carveout) failed with CUresult {err}")
+    return value.value
