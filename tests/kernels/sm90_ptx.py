@@ -20,7 +20,7 @@ from kernels.attention.configs import TABLES
 
 FLOATS = ("scale", "softcap", "qk_scale")
 PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64"}
-MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor|cp\.async)")
+MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
 
 
 def compile_ptx(fn, constexprs, descriptors=None, **options) -> str:

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels.attention import carveout, decode, gluon_sm90, kv_write, pdl, reference
 from kernels.attention.configs import TABLES
+from kernels.attention.pdl import gdc_launch_dependents
 from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, needs_sm90, sim_device
 
@@ -48,9 +51,10 @@ def sm90_ptx():
 
 
 def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(sm90_ptx):
-    """Before griddepcontrol.wait the Triton decode kernel loads only the sequence length and the Gluon one only
-    lengths and the first group of tiles' pages (the engine's inputs), no TMA and no store; the reduce and the KV write
-    read nothing before it and let the next kernel launch first. The Triton decode lets the reduce launch only by
+    """Before griddepcontrol.wait the Triton decode kernel loads only the sequence length and the Gluon one
+    lengths, the first group of tiles' pages (the engine's inputs) and its first tile's K/V rows (2-D TMA boxes,
+    rows that no kernel of the step writes: the test below), not the query (its 3-D box) and no store; the reduce
+    and the KV write read nothing before it and let the next kernel launch first. The Triton decode lets the reduce launch only by
     ending; the Gluon one has one launch_dependents, in its consumer's loop (at the last tile, decode_ws.py: where
     is a matter of time only, the reduce waits for the whole grid whatever its CTAs signal)."""
     assert sm90_ptx["decode"] == {"before": ["ld.global"], "launches_dependents": False, "launches": 0}
@@ -58,7 +62,7 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
     assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True, "launches": 1}
     if gluon_sm90.gluon is not None:
         for config in ("decode_ws", "decode_ws_waves"):  # the one-CTA and the two-CTA Gluon configs
-            assert set(sm90_ptx[config]["before"]) == {"ld.global"}
+            assert set(sm90_ptx[config]["before"]) == {"ld.global", "cp.async.bulk.tensor.2d"}
             assert sm90_ptx[config]["launches"] == 1
 
 
@@ -91,6 +95,61 @@ def test_decode_right_after_the_kv_write_reads_the_new_rows(kernel, splits):
         out = decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, None, splits, config=config)
         ref = reference.paged_decode_attention(q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, scale)
         assert_close(out, ref, dtype)
+
+
+@triton.jit
+def _late_row_write_kernel(k_ptr, v_ptr, offset, k_value, v_value, DELAY_NS: tl.constexpr, N: tl.constexpr):
+    """A slow KV write: lets the next kernel launch at once, waits DELAY_NS, then writes one K and one V row."""
+    gdc_launch_dependents()
+    now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    end = now + DELAY_NS
+    while now < end:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    cols = tl.arange(0, N)
+    tl.store(k_ptr + offset + cols, tl.full([N], k_value, k_ptr.dtype.element_ty))
+    tl.store(v_ptr + offset + cols, tl.full([N], v_value, v_ptr.dtype.element_ty))
+
+
+@needs_sm90
+@pytest.mark.parametrize("length", [64, 300, 4096])
+def test_the_gluon_decode_reads_the_last_row_after_the_wait_however_late_it_is_written(length):
+    """The Gluon decode loads a split's first tile before its dependent-launch wait, except the tile holding the
+    sequence's last row (decode_ws.py): the only row a decode step's KV write changes. Here the kernel before the
+    decode writes that row 2 ms after letting the decode launch, long after the early loads: the decode must still
+    see the new row (stale, it would dominate the softmax). With 4 splits the last row lies in a split's only tile
+    (64), in a tile partly past the end (300) and in the last of a split's 16 tiles (4096)."""
+    assert pdl.dependent_launch(device_for(torch.empty(1, device=DEV)))
+    torch.manual_seed(2)
+    kv_heads, q_heads, head_dim, page, dtype = 8, 32, 128, 16, torch.float16
+    k_cache, v_cache, tables = make_paged([length], page, kv_heads, head_dim, dtype)
+    seq_lens = torch.tensor([length], dtype=torch.int32, device=DEV)
+    q = torch.randn(1, q_heads, head_dim, device=DEV, dtype=dtype)
+    row = length - 1
+    block = int(tables[0, row // page])
+    kvh = 3  # the KV head whose row turns up late
+    offset = k_cache[block, row % page, kvh].data_ptr() - k_cache.data_ptr()
+    k_cache[block, row % page, kvh] = 20.0  # stale: it would dominate the softmax
+    v_cache[block, row % page, kvh] = 1000.0
+    config = TABLES["sm_90"].decode_ws_config(head_dim)
+
+    def attend():
+        return decode.paged_decode_attention(
+            q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, None, 4, config=config
+        )
+
+    attend()  # compiled and loaded: the timed call below launches within microseconds of the writer
+    torch.cuda.synchronize()
+    _late_row_write_kernel[(1,)](
+        k_cache, v_cache, offset // k_cache.element_size(), 0.5, -2.0, DELAY_NS=2_000_000, N=head_dim,
+        **pdl.pdl_options(True),
+    )  # fmt: skip
+    out = attend()
+    torch.cuda.synchronize()
+    assert float(k_cache[block, row % page, kvh, 0]) == 0.5  # the late row is in place now
+    ref = reference.paged_decode_attention(
+        q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, head_dim**-0.5
+    )
+    assert_close(out, ref, dtype)
 
 
 @pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
