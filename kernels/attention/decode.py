@@ -26,8 +26,9 @@ Programmatic dependent launch (where the arch table's `pdl` holds: sm_90): the
 decode kernel is launched while the kernel before it (the KV write, in a decode
 step) still runs, loads its sequence length (and, in the Gluon kernel, the first
 tiles' pages: the block table and lengths are the engine's inputs, written before
-the step) and then waits (griddepcontrol.wait) before reading q and the cache,
-which that kernel writes. The Gluon kernel lets the reduce kernel launch once each
+the step; and the split's first tile where it ends before the sequence's last row,
+the only row the KV write changes) and then waits (griddepcontrol.wait) before
+reading q and the rest of the cache. The Gluon kernel lets the reduce kernel launch once each
 of its CTAs has started its last tile (`decode_ws.py` says why then); the reduce
 kernel lets the next kernel launch at its start, waits before reading the partials,
 and prefers the largest shared-memory carveout, so that the next decode's CTAs can
