@@ -16,31 +16,34 @@ median one; with the early launch and the preference the plan took 8.3-8.4 us in
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
+import weakref
+
+logger = logging.getLogger(__name__)
 
 _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 MAX_SHARED = 100  # CU_SHAREDMEM_CARVEOUT_MAX_SHARED: the percentage of the most shared memory the SM can have
 
-_set: set[int] = set()  # CUfunction handles whose preference is set
-_driver: list = []  # libcuda, loaded once
+_done: weakref.WeakSet = weakref.WeakSet()  # loaded kernels whose preference is set (or failed to set)
 
 
+@functools.cache
 def _libcuda():
-    if not _driver:
-        _driver.append(ctypes.CDLL("libcuda.so.1"))
-    return _driver[0]
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def prefer_max_shared(kernel) -> None:
     """Set a launched Triton kernel's (the CompiledKernel its launch returns) carveout preference to the most shared
     memory, once per loaded kernel: its first launch ran with CUDA's choice, the launches after it (and the CUDA
-    graphs captured after it) run with the preference."""
-    handle = kernel.function
-    if handle in _set:
+    graphs captured after it) run with the preference. A preference only moves time: where CUDA refuses it, a
+    warning says so and the kernel keeps CUDA's choice."""
+    if kernel in _done:
         return
-    err = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(handle), _CARVEOUT_ATTRIBUTE, ctypes.c_int(MAX_SHARED))
+    _done.add(kernel)
+    err = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(kernel.function), _CARVEOUT_ATTRIBUTE, ctypes.c_int(MAX_SHARED))
     if err != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(preferred shared memory carveout) failed with CUresult {err}")
-    _set.add(handle)
+        logger.warning("cuFuncSetAttribute(preferred shared memory carveout) failed with CUresult %d", err)
 
 
 def carveout(kernel) -> int:

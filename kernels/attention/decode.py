@@ -27,9 +27,10 @@ decode kernel is launched while the kernel before it (the KV write, in a decode
 step) still runs, loads its sequence length (and, in the Gluon kernel, the first
 tiles' pages: the block table and lengths are the engine's inputs, written before
 the step; and the split's first tile where it ends before the sequence's last row,
-the only row the KV write changes) and then waits (griddepcontrol.wait) before
-reading q and the rest of the cache. The Gluon kernel lets the reduce kernel launch once each
-of its CTAs has started its last tile (`decode_ws.py` says why then); the reduce
+the only row of a decoded sequence the KV write changes) and then waits
+(griddepcontrol.wait) before reading q and the rest of the cache. The Gluon kernel
+lets the reduce kernel launch once each of its CTAs has started its last tile (a
+split of one tile: at its end; `decode_ws.py` says why then); the reduce
 kernel lets the next kernel launch at its start, waits before reading the partials,
 and prefers the largest shared-memory carveout, so that the next decode's CTAs can
 start beside it (`carveout.py`). tests/kernels/sm90_ptx.py checks the compiled order.
@@ -243,7 +244,8 @@ def paged_decode_attention(
 
 def reduce_partials(part, lse, out, pdl: bool):
     """Merge the splits' partial outputs part [batch, q_heads, splits, head_dim] and their log-sum-exps lse
-    [batch, q_heads, splits] (contiguous) into out [batch, q_heads, head_dim]; returns the launched kernel."""
+    [batch, q_heads, splits] (contiguous) into out [batch, q_heads, head_dim]; returns the launched kernel (Triton's
+    CompiledKernel; None under the interpreter)."""
     batch, q_heads, num_splits, head_dim = part.shape
     kernel = _reduce_kernel[(batch, q_heads)](
         part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),

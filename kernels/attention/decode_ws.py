@@ -28,22 +28,25 @@ per SM. One warp does nothing but issue loads:
 With programmatic dependent launch (`pdl`) the loader loads the first group's pages and issues the split's first
 tile, then waits for the previous kernel, then issues the query's and the other tiles' TMA loads (`decode.py` says
 why). The first tile goes before the wait only where it ends before the sequence's last row: the kernel launched
-before a decode may write, of the rows the decode reads, only each sequence's last one (in a decode step the KV
-write stores the step's new token there; every other row was written by kernels that ended before it started).
-On the H200 (2026-11-30, same run, fp16, best of 5, with the launch below): the decode step (KV write, then decode)
-1-10% less time (B=1 L=1k 5.90 against 6.59 us, L=4k 9.22 against 9.47, MHA B=1 L=4k 20.23 against 20.76, B=8 L=4k
-35.98 against 36.56), the decode alone in back-to-back calls from 1.1% more (B=1 L=16k) to 7% less (B=1 L=1k).
-The first two tiles before the wait: up to 3.4% more on the step; every tile of the first group: 3-18% more.
+before a decode may write, of the decoded sequences' rows, only each one's last (in a decode step the KV write
+stores the step's new token there; the older rows were written in earlier steps, by kernels that ended before the
+step's first kernel started; docs/INTERFACES.md states the rule for callers). On the H200 (2026-11-30, same run,
+fp16, best of 5, with the launch below): the decode step (KV write, then decode) took 2-10% less time (B=1 L=1k
+5.90 against 6.59 us, L=4k 9.22 against 9.47, MHA B=1 L=4k 20.23 against 20.76, B=8 L=4k 35.98 against 36.56), the
+decode alone in back-to-back calls from 1.1% more (B=1 L=16k) to 7% less (B=1 L=1k). The first two tiles before
+the wait: up to 3.4% more on the step; every tile of the first group: 3-18% more.
 
-The consumer lets the next kernel (the reduce, with splits) launch when it starts its split's last tile, where the split has more than one: the
-launch takes about 0.7 us, so the reduce's CTAs are in place, waiting, when the grid ends, and the next call's
+The consumer lets the next kernel (the reduce, with splits) launch when it starts its split's last tile, where the
+split has more than one (splits of one tile, and empty ones, let it launch at their end). The launch takes about
+0.7 us, so the reduce's CTAs are in place, waiting, when the grid ends, and the next call's
 decode CTAs, launched at the reduce's start, run their prologue (the page lookups) under it. Together with the
 reduce's carveout preference (`carveout.py`; without it the trigger alone gained 0-3%), on the H200 (2026-11-30,
 same runs, fp16, best of 5): 32/8 B=1 L=4k 8.36 against 9.29 us, L=16k 20.5 against 21.5, 32/32 B=1 L=4k 19.3
 against 20.4, 0.1-2% less on the other shapes tried (B=8-128, L=32k-128k). Launching the reduce earlier cost
 time: at the start (11-23%), once the loads are issued (16% at B=1 L=4k), at the second-to-last tile (16% there);
-at the start of a one-tile split (B=1 L=1k, 16 splits of 64 keys) the decode step took 9-12% more, so such splits
-let it launch at their end.
+at the start of a one-tile split (B=1 L=1k, 16 splits of 64 keys) the decode step took 9-12% more, hence the rule
+above. With one split (no reduce) the trigger lets whatever comes next launch: the next call's decode in the
+benchmarks (0.7-1.8% less time at B=32-128), a GEMM launched without dependent launch in the engine.
 
 Rows of a tile past the sequence's end are loaded (the last page's stale rows: the engine's cache is
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import carveout, decode, gluon_sm90, kv_write, pdl, reference
+from kernels.attention import carveout, decode, decode_ws, gluon_sm90, kv_write, pdl, reference
 from kernels.attention.configs import TABLES
 from kernels.attention.pdl import gdc_launch_dependents
 from kernels.device import DeviceInfo, TritonMode, device_for
@@ -52,17 +52,20 @@ def sm90_ptx():
 
 def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(sm90_ptx):
     """Before griddepcontrol.wait the Triton decode kernel loads only the sequence length and the Gluon one
-    lengths, the first group of tiles' pages (the engine's inputs) and its first tile's K/V rows (2-D TMA boxes,
-    rows that no kernel of the step writes: the test below), not the query (its 3-D box) and no store; the reduce
-    and the KV write read nothing before it and let the next kernel launch first. The Triton decode lets the reduce launch only by
-    ending; the Gluon one has one launch_dependents, in its consumer's loop (at the last tile, decode_ws.py: where
-    is a matter of time only, the reduce waits for the whole grid whatever its CTAs signal)."""
+    lengths, the first group of tiles' pages (the engine's inputs) and one tile's K/V rows (2-D TMA boxes, rows
+    that no kernel of the step writes: the test below), not the query (its 3-D box) and no store; the reduce and
+    the KV write read nothing before it and let the next kernel launch first. The Triton decode lets the reduce
+    launch only by ending; the Gluon one has one launch_dependents, in its consumer's loop (at the last tile,
+    decode_ws.py: where is a matter of time only, the reduce waits for the whole grid whatever its CTAs signal)."""
     assert sm90_ptx["decode"] == {"before": ["ld.global"], "launches_dependents": False, "launches": 0}
     assert sm90_ptx["reduce"] == {"before": [], "launches_dependents": True, "launches": 1}
     assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True, "launches": 1}
     if gluon_sm90.gluon is not None:
         for config in ("decode_ws", "decode_ws_waves"):  # the one-CTA and the two-CTA Gluon configs
             assert set(sm90_ptx[config]["before"]) == {"ld.global", "cp.async.bulk.tensor.2d"}
+            # one 64-key tile: 4 pages of 16 rows, K and V, each 128-column row as two 64-column boxes (a box row
+            # holds at most the 128 bytes of its swizzle); more tiles before the wait measured slower (decode_ws.py)
+            assert sm90_ptx[config]["before"].count("cp.async.bulk.tensor.2d") == 4 * 2 * 2
             assert sm90_ptx[config]["launches"] == 1
 
 
@@ -115,9 +118,10 @@ def _late_row_write_kernel(k_ptr, v_ptr, offset, k_value, v_value, DELAY_NS: tl.
 def test_the_gluon_decode_reads_the_last_row_after_the_wait_however_late_it_is_written(length):
     """The Gluon decode loads a split's first tile before its dependent-launch wait, except the tile holding the
     sequence's last row (decode_ws.py): the only row a decode step's KV write changes. Here the kernel before the
-    decode writes that row 2 ms after letting the decode launch, long after the early loads: the decode must still
-    see the new row (stale, it would dominate the softmax). With 4 splits the last row lies in a split's only tile
-    (64), in a tile partly past the end (300) and in the last of a split's 16 tiles (4096)."""
+    decode writes that row 50 ms after letting the decode launch (enqueuing the decode takes well under 1 ms), long
+    after the early loads: the decode must still see the new row (stale, it would dominate the softmax). With 4
+    splits the last row lies in a split's only tile (64), in a tile partly past the end (300) and in the last of a
+    split's 16 tiles (4096). On the H200 the 64 and 300 cases failed with the first tile loaded early regardless."""
     assert pdl.dependent_launch(device_for(torch.empty(1, device=DEV)))
     torch.manual_seed(2)
     kv_heads, q_heads, head_dim, page, dtype = 8, 32, 128, 16, torch.float16
@@ -131,6 +135,8 @@ def test_the_gluon_decode_reads_the_last_row_after_the_wait_however_late_it_is_w
     k_cache[block, row % page, kvh] = 20.0  # stale: it would dominate the softmax
     v_cache[block, row % page, kvh] = 1000.0
     config = TABLES["sm_90"].decode_ws_config(head_dim)
+    device = device_for(q)
+    assert decode_ws.available(device, q_heads // kv_heads, page) and decode_ws.supports(q, k_cache, v_cache, None)
 
     def attend():
         return decode.paged_decode_attention(
@@ -140,7 +146,7 @@ def test_the_gluon_decode_reads_the_last_row_after_the_wait_however_late_it_is_w
     attend()  # compiled and loaded: the timed call below launches within microseconds of the writer
     torch.cuda.synchronize()
     _late_row_write_kernel[(1,)](
-        k_cache, v_cache, offset // k_cache.element_size(), 0.5, -2.0, DELAY_NS=2_000_000, N=head_dim,
+        k_cache, v_cache, offset // k_cache.element_size(), 0.5, -2.0, DELAY_NS=50_000_000, N=head_dim,
         **pdl.pdl_options(True),
     )  # fmt: skip
     out = attend()
