@@ -16,6 +16,13 @@ def choose(batch, kv_heads, ctx, group=4, **hw):
     return splits.choose_num_splits(batch, kv_heads, group, ctx, 128, 2, **{**H200, **hw})
 
 
+def sm90_one_wave_configs():
+    """sm_90's configs at head_dim 128 that a grid of one wave can plan: (deep Triton, one-CTA Gluon, two-CTA
+    Gluon)."""
+    table = TABLES["sm_90"]
+    return table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_config(128, waves=True)
+
+
 def test_a_full_batch_is_not_split():
     assert choose(128, 8, 2048) == 1
     assert choose(64, 32, 1024, group=1) == 1
@@ -100,11 +107,7 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev, gluon=gluon)
 
     table = TABLES["sm_90"]
-    deep, ws, waves = (
-        table.decode_deep_config(128),
-        table.decode_ws_config(128),
-        table.decode_ws_config(128, waves=True),
-    )
+    deep, ws, waves = sm90_one_wave_configs()
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
         assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
@@ -152,11 +155,7 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
     device = sim_device((9, 0), sm_count=8)
     q, k_cache, tables = plan_inputs(1, 70 * 16)
     table = TABLES["sm_90"]
-    deep, ws, waves = (
-        table.decode_deep_config(128),
-        table.decode_ws_config(128),
-        table.decode_ws_config(128, waves=True),
-    )
+    deep, ws, waves = sm90_one_wave_configs()
     if decode_ws.available(device, 4, 16):
         assert decode_plan(q, k_cache, tables, device) == (1, ws)
         assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
