@@ -219,7 +219,6 @@ def paged_decode_attention(
         part = torch.empty(batch, q_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
         lse = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
         part_strides = part.stride()[:3]
-    block_d = triton.next_power_of_2(head_dim)
     pdl = dependent_launch(device)
     if isinstance(config, WsDecodeConfig):
         decode_ws.launch(
@@ -232,7 +231,8 @@ def paged_decode_attention(
             float(scale), float(softcap or 1.0), int(sliding_window or 0), num_splits,
             q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
             block_tables.stride(0), out.stride(0), out.stride(1), *part_strides,
-            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+            GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
             num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),

@@ -138,13 +138,14 @@ if gluon is not None:
         v_ready,
         k_smem,
         v_smem,
-        tile_bytes: gl.constexpr,
         PAGE: gl.constexpr,
-        HEAD_DIM: gl.constexpr,
     ):
         """The TMA loads of one tile into ring stage s: a box per page, K and V (_group_pages' boxes s * NBOX on;
         boxes past the split's end repeat its last page's rows, masked by the consumer)."""
-        NBOX: gl.constexpr = k_smem.shape[1] // PAGE
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        HEAD_DIM: gl.constexpr = k_smem.shape[2]
+        NBOX: gl.constexpr = BLOCK_N // PAGE
+        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
         mbarrier.expect(k_ready.index(s), tile_bytes)
         mbarrier.expect(v_ready.index(s), tile_bytes)
         for r in gl.static_range(NBOX):
@@ -161,7 +162,6 @@ if gluon is not None:
         # a box per page: tiles start at multiples of BLOCK_N, which pages (16-64 tokens) divide
         gl.static_assert(BLOCK_N % PAGE == 0, "whole pages per tile")
         NBOX: gl.constexpr = BLOCK_N // PAGE
-        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * kc_desc.dtype.primitive_bitwidth // 8
         last_page = (hi - 1) // PAGE
         table = tables_ptr + b.to(gl.int64) * stride_tb
         # the pages of STAGES tiles are looked up at once, a group ahead: each lookup is a dependent global load
@@ -175,7 +175,7 @@ if gluon is not None:
         # before a decode writes of its sequences' rows only the last (the step's new token; the module docstring)
         early = (n > 0) & (lo + BLOCK_N < seq_len) & PDL
         if early:
-            _issue(kc_desc, vc_desc, pages, 0, kvh, k_ready, v_ready, k_smem, v_smem, tile_bytes, PAGE, HEAD_DIM)
+            _issue(kc_desc, vc_desc, pages, 0, kvh, k_ready, v_ready, k_smem, v_smem, PAGE)
         if PDL:
             gdc_wait()
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
@@ -186,9 +186,7 @@ if gluon is not None:
                 j = g * STAGES + s
                 if (j < n) & ((j > 0) | (not early)):
                     mbarrier.wait(kv_empty.index(s), (g & 1) ^ 1)
-                    _issue(
-                        kc_desc, vc_desc, pages, s, kvh, k_ready, v_ready, k_smem, v_smem, tile_bytes, PAGE, HEAD_DIM
-                    )
+                    _issue(kc_desc, vc_desc, pages, s, kvh, k_ready, v_ready, k_smem, v_smem, PAGE)
             pages = following
 
     @gluon.jit
@@ -251,9 +249,10 @@ if gluon is not None:
     @gluon.jit
     def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                           window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                          Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr,
-                          DIRECT: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
+                          Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, DIRECT: gl.constexpr,
+                          PDL: gl.constexpr):  # fmt: skip
+        NQ: gl.constexpr = q_desc.block_type.shape[1]  # the query group padded to wgmma's N (query_columns)
         kvh = gl.program_id(0)
         b = gl.program_id(1)
         split = gl.program_id(2)
@@ -329,7 +328,8 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides,
-        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, NQ=q_desc.block_shape[1], HEAD_DIM=head_dim, BLOCK_N=config.block_n,
-        STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl, **pdl_options(pdl), **LAUNCH_OPTIONS,
+        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
+        STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl,
+        **pdl_options(pdl), **LAUNCH_OPTIONS,
     )  # fmt: skip
     return out

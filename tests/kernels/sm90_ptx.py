@@ -69,7 +69,7 @@ def gluon_decode_ptx(config) -> str:
     cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = dict(Q_HEADS=32, GROUP=4, NQ=decode_ws.query_columns(4), HEAD_DIM=128, BLOCK_N=config.block_n)  # fmt: skip
+    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=128, BLOCK_N=config.block_n)
     consts.update(STAGES=config.num_stages, PAGE=16)
     consts.update(LANES=decode_ws.page_lanes(config, 16), DIRECT=False, PDL=True)
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
