@@ -28,7 +28,7 @@ import triton
 
 from benchmarks.attention_report import config_name, markdown, targets
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
-from benchmarks.report import save_results, versions
+from benchmarks.report import result_stem, save_results, versions
 from kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
@@ -45,15 +45,14 @@ HEAD_DIM = 128  # of every decode input
 
 
 def decode_inputs(dtype, q_heads, kv_heads, batch, ctx):
-    head_dim = HEAD_DIM
-    kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
+    kv_bytes = 2 * batch * kv_heads * ctx * HEAD_DIM * dtype.itemsize
     sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
     num_blocks = sets * batch * (ctx // PAGE)
-    k_cache = torch.randn(num_blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(num_blocks, PAGE, kv_heads, HEAD_DIM, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, batch, ctx // PAGE)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, q_heads, head_dim, device="cuda", dtype=dtype)
+    q = torch.randn(batch, q_heads, HEAD_DIM, device="cuda", dtype=dtype)
     return q, k_cache, v_cache, perm, seq_lens, kv_bytes
 
 
@@ -161,24 +160,22 @@ def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
     return row
 
 
-def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=None):
+def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
     """The heuristic's plan (config and splits; or `config` forced) against a sweep of fixed split counts for
     every decode config of the arch (the shallow one and, where there are, the deep one and the Gluon kernel's),
     and SDPA."""
-    head_dim = HEAD_DIM
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
-    sets = perm.shape[0]
     out = torch.empty_like(q)
 
     def ours(splits, cfg):
         return decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, cfg)
 
-    table = table_for(device)
     if config is None:
         heur, chosen = plan.decode_plan(q, k_cache, perm[0], device)
         ws = decode_ws.available(device, q_heads // kv_heads, PAGE)
-        candidates = [table.decode_config(head_dim, dtype)]
-        candidates += reversed(plan.one_wave_configs(table, head_dim, dtype, ws))
+        table = table_for(device)
+        candidates = [table.decode_config(HEAD_DIM, dtype)]
+        candidates += reversed(plan.one_wave_configs(table, HEAD_DIM, dtype, ws))
     else:
         heur, chosen, candidates = plan.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
@@ -188,13 +185,13 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, sweep, config=Non
         row["ours_no_pdl_us"] = graph_time_us(ours(heur, chosen))
     row["sweep_us"] = {}
     for c in candidates:
-        for s in sweep:
+        for s in SWEEP:
             if s <= split_model.MAX_SPLITS and s <= max(1, ctx // 64):
                 same = s == heur and c == chosen
                 row["sweep_us"][f"{config_name(c)} S={s}"] = row["ours_us"] if same else graph_time_us(ours(s, c))
     best = min(row["sweep_us"], key=row["sweep_us"].get)
     row["best_fixed"], row["best_fixed_us"] = best, row["sweep_us"][best]
-    row["sdpa_us"] = graph_time_us(sdpa_calls(q, kv_heads, ctx, sets))
+    row["sdpa_us"] = graph_time_us(sdpa_calls(q, kv_heads, ctx, perm.shape[0]))
     return row
 
 
@@ -286,9 +283,10 @@ def main():
     device = get_device_info()
     table = table_for(device)
     res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(),
-           "decode_config": str(table.decode_config(128)), "decode_deep_config": str(table.decode_deep_config(128)),
-           "decode_ws_config": str(table.decode_ws_config(128)),
-           "decode_ws_waves_config": str(table.decode_ws_config(128, waves=True)),
+           "decode_config": str(table.decode_config(HEAD_DIM)),
+           "decode_deep_config": str(table.decode_deep_config(HEAD_DIM)),
+           "decode_ws_config": str(table.decode_ws_config(HEAD_DIM)),
+           "decode_ws_waves_config": str(table.decode_ws_config(HEAD_DIM, waves=True)),
            "prefill_config": str(table.prefill_config(128)),
            "prefill_ws_config": str(table.prefill_ws_config(128))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
@@ -306,7 +304,7 @@ def main():
     for dtype in (torch.float16, torch.bfloat16):
         for q_heads, kv_heads in ((32, 32), (32, 8)):
             for batch, ctx in shapes:
-                r = bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, SWEEP, dec_cfg)
+                r = bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, dec_cfg)
                 r["dtype"] = str(dtype).removeprefix("torch.")
                 r["bw_frac"] = r["kv_mb"] * 2**20 / r["ours_us"] / bw
                 r["sdpa_bw_frac"] = r["kv_mb"] * 2**20 / r["sdpa_us"] / bw
@@ -336,7 +334,7 @@ def main():
                 flush=True,
             )
     res["targets"] = targets(res["decode"], res["prefill"])
-    save_results(os.path.join(args.out, "attention_" + device.name.replace(" ", "_")), res, markdown)
+    save_results(result_stem(args.out, "attention", device.name), res, markdown)
 
 
 if __name__ == "__main__":

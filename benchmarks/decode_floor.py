@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 import triton
@@ -30,7 +29,7 @@ import triton.language as tl
 
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import save_results, versions, versions_line
+from benchmarks.report import result_stem, save_results, versions, versions_line
 from kernels.attention import decode, decode_ws, splits
 from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
@@ -138,7 +137,7 @@ def main() -> None:
     for length in LENGTHS:
         res["rows"].append(bench_length(length, device, config, pdl))
         torch.cuda.empty_cache()
-    save_results(os.path.join(args.out, "decode_floor_" + device.name.replace(" ", "_")), res, markdown)
+    save_results(result_stem(args.out, "decode_floor", device.name), res, markdown)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from benchmarks.engine import (
     reconfigure,
 )
 from benchmarks.random_model import word_level_tokenizer
-from benchmarks.report import save_results
+from benchmarks.report import result_stem, save_results
 from benchmarks.runtime import tiny_or_gpu_args
 from llm import LLM, SamplingParams
 
@@ -120,8 +120,8 @@ def main() -> None:
             "hbm_floor_steps_s": floor, "of_hbm_floor": graphs / floor,
         })  # fmt: skip
         print(f"batch {batch}: {graphs:.0f} steps/s graphs, {eager:.0f} eager, {peer:.0f} transformers", flush=True)
-    stem = "gemma3_tiny" if tiny else "gemma3_" + result["device"].replace(" ", "_")
-    save_results(os.path.join(args.out, stem), result, markdown)
+    stem = os.path.join(args.out, "gemma3_tiny") if tiny else result_stem(args.out, "gemma3", result["device"])
+    save_results(stem, result, markdown)
 
 
 def markdown(result: dict) -> str:

@@ -28,7 +28,7 @@ import time
 import torch
 
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
-from benchmarks.report import render_results, save_results, versions
+from benchmarks.report import render_results, result_stem, save_results, versions
 from benchmarks.runtime import sync
 from kernels.device import get_device_info
 
@@ -295,7 +295,7 @@ def main():
     res = {"shape": "tiny (smoke)" if args.smoke else "Llama-3.1-8B (32 layers, hidden 4096, GQA 32/8)",
            "device": info.name, "arch": info.arch, **versions(), "transformers_version": transformers.__version__,
            "chunk_budget": 128 if args.smoke else CHUNK_BUDGET, "decode_steps": DECODE_STEPS}  # fmt: skip
-    stem = os.path.join(args.out, "long_context_" + info.name.replace(" ", "_"))
+    stem = result_stem(args.out, "long_context", info.name)
     if device == "cuda":
         res["kernel_check_rel_err"] = kernel_check(fields)
         print(f"decoder ops, Triton vs fp32 reference (max abs err / max abs): {res['kernel_check_rel_err']}")

@@ -30,6 +30,11 @@ def versions_line(res: dict) -> str:
     return f"{res['date']}; " + ", ".join(f"{name} {res[name]}" for name in names if name in res)
 
 
+def result_stem(out: str | os.PathLike, name: str, device: str) -> str:
+    """`out`/`name`_`device`, the device's spaces as underscores: where a GPU benchmark's results go."""
+    return os.path.join(out, f"{name}_{device.replace(' ', '_')}")
+
+
 def save_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str] | None = None) -> None:
     """Write `stem`.json (creating its folder); with `render`, then `stem`.md (render_results). The JSON is
     written first, so a partial result survives a failing or interrupted render."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import save_results, versions, versions_line
+from benchmarks.report import result_stem, save_results, versions, versions_line
 from tests.llm.tiny import rel_err
 
 CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -299,7 +299,7 @@ def main() -> None:
         "e2e_llava": lambda: end_to_end("llava", device, args.smoke),
         "e2e_qwen2-vl": lambda: end_to_end("qwen2-vl", device, args.smoke),
     }  # fmt: skip
-    stem = Path(args.out) / f"vision_{name.replace(' ', '_')}"
+    stem = result_stem(args.out, "vision", name)
     for key, job in jobs.items():
         t0 = time.time()
         try:

@@ -1,0 +1,14 @@
+"""Where the benchmarks write their results (GPU-free)."""
+
+import json
+import os
+
+from benchmarks.report import result_stem, save_results
+
+
+def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
+    stem = result_stem(tmp_path / "results", "decode_floor", "NVIDIA H200")
+    assert stem == os.path.join(tmp_path / "results", "decode_floor_NVIDIA_H200")
+    save_results(stem, {"device": "NVIDIA H200"}, lambda res: f"# {res['device']}\n")
+    assert json.loads((tmp_path / "results" / "decode_floor_NVIDIA_H200.json").read_text()) == {"device": "NVIDIA H200"}
+    assert (tmp_path / "results" / "decode_floor_NVIDIA_H200.md").read_text() == "# NVIDIA H200\n"
