@@ -16,6 +16,7 @@ from tests.kernels.attention_helpers import (
     assert_close,
     decode_case,
     needs_sm90,
+    plan_inputs,
     sim_device,
 )
 
@@ -140,10 +141,7 @@ def test_ws_decode_reads_a_query_inside_a_fused_projection():
 @needs_sm90
 def test_the_plan_runs_the_ws_kernel_on_a_small_batch():
     """Without a config a one-wave call (one sequence, 8 KV heads) is planned onto the Gluon kernel."""
-    q = torch.zeros(1, 32, 128, dtype=torch.float16, device=DEV)
-    cache = torch.zeros(1, 16, 8, 128, dtype=torch.float16, device=DEV)
-    tables = torch.zeros(1, 256, dtype=torch.int32, device=DEV)
-    count, config = plan.decode_plan(q, cache, tables, device_for(q))
+    count, config = plan.decode_plan(*plan_inputs(1, 4096), device_for(torch.empty(0, device=DEV)))
     assert config == CONFIG and count > 1
     out, ref = decode_case([4096], 16, 32, 8, 128, torch.float16, None, None, None)
     assert_close(out, ref, torch.float16)

@@ -20,6 +20,7 @@ from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, needs_sm90, sim_device
 
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+needs_pdl = pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
 
 
 def test_only_compiled_kernels_on_sm90_and_newer_launch_dependent(monkeypatch):
@@ -69,7 +70,7 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
             assert sm90_ptx[config]["launches"] == 1
 
 
-@pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
+@needs_pdl
 @pytest.mark.parametrize("kernel", [pytest.param("gluon", marks=needs_sm90), "triton"])
 @pytest.mark.parametrize("splits", [1, 8])
 def test_decode_right_after_the_kv_write_reads_the_new_rows(kernel, splits):
@@ -101,13 +102,19 @@ def test_decode_right_after_the_kv_write_reads_the_new_rows(kernel, splits):
 
 
 @triton.jit
+def _globaltimer():
+    """The GPU's nanosecond clock."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def _late_row_write_kernel(k_ptr, v_ptr, offset, k_value, v_value, DELAY_NS: tl.constexpr, N: tl.constexpr):
     """A slow KV write: lets the next kernel launch at once, waits DELAY_NS, then writes one K and one V row."""
     gdc_launch_dependents()
-    now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    now = _globaltimer()
     end = now + DELAY_NS
     while now < end:
-        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        now = _globaltimer()
     cols = tl.arange(0, N)
     tl.store(k_ptr + offset + cols, tl.full([N], k_value, k_ptr.dtype.element_ty))
     tl.store(v_ptr + offset + cols, tl.full([N], v_value, v_ptr.dtype.element_ty))
@@ -158,7 +165,7 @@ def test_the_gluon_decode_reads_the_last_row_after_the_wait_however_late_it_is_w
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
+@needs_pdl
 def test_dependent_launch_changes_no_result_bit():
     torch.manual_seed(1)
     lens = [4096, 1000, 17]
@@ -177,7 +184,7 @@ def test_dependent_launch_changes_no_result_bit():
     assert torch.equal(dependent, plain)
 
 
-@pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
+@needs_pdl
 def test_the_reduce_launched_early_prefers_the_most_shared_memory():
     """The reduce kernel launched with dependent launch asks for the largest shared-memory carveout (so that the
     next decode's CTAs can start beside it, carveout.py); launched without, it keeps CUDA's choice."""

@@ -68,11 +68,11 @@ def test_decode_splits_reads_only_host_values():
     """The engine-facing helper: the context bound is the block table's width, the SM count the device's."""
     q, k_cache, tables = plan_inputs(2, 4096)  # meta tensors: 2 sequences, 8 KV heads, a table of 4096 tokens
     dev = sim_device((9, 0), sm_count=132)
-    cfg, deep = TABLES["sm_90"].decode_config(128), TABLES["sm_90"].decode_deep_config(128)
-    want = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 132, cfg.ctas_per_sm, cfg.block_n, 4000.0)
+    cfg, deep = TABLES["sm_90"].decode_config(128), sm90_one_wave_configs()[0]
+    want = choose(2, 8, 4096, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
     assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
     dev114 = sim_device((9, 0), sm_count=114)  # not the 132 SMs the CPU interpreter plans with
-    want114 = splits.choose_num_splits(2, 8, 4, 4096, 128, 2, 114, cfg.ctas_per_sm, cfg.block_n, 4000.0)
+    want114 = choose(2, 8, 4096, sm_count=114, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
     assert decode_splits(q, k_cache, tables, dev114, cfg) == want114 != want
     # no config: the one-wave plan of 16 KV-head units on 132 SMs, at two CTAs per SM: the Gluon kernel's (its
     # one-CTA config would split them 8 ways) or the deep Triton config's
@@ -169,8 +169,8 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
 def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
     """A call the Gluon kernel cannot run keeps its planned split count on the Triton kernel: the deep config
     where that count is the deep config's own one-wave count, else the arch's config."""
-    sm90, table = sim_device((9, 0), sm_count=132), TABLES["sm_90"]
-    deep, shallow = table.decode_deep_config(128), table.decode_config(128)
+    sm90 = sim_device((9, 0), sm_count=132)
+    deep, shallow = sm90_one_wave_configs()[0], TABLES["sm_90"].decode_config(128)
 
     def fallback(batch, ctx, splits):
         return triton_config(sm90, *plan_inputs(batch, ctx), splits)
