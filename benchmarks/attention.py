@@ -41,18 +41,18 @@ EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cache
 STEP_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (128, 2048)]  # (batch, context) of the KV write + decode step
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
-HEAD_DIM = 128  # of every decode input
+HEAD_DIM = 128  # of the decode grid (decode_head_dim.py runs others)
 
 
-def decode_inputs(dtype, q_heads, kv_heads, batch, ctx):
-    kv_bytes = 2 * batch * kv_heads * ctx * HEAD_DIM * dtype.itemsize
+def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM):
+    kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
     sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
     num_blocks = sets * batch * (ctx // PAGE)
-    k_cache = torch.randn(num_blocks, PAGE, kv_heads, HEAD_DIM, device="cuda", dtype=dtype)
+    k_cache = torch.randn(num_blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
     perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, batch, ctx // PAGE)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, q_heads, HEAD_DIM, device="cuda", dtype=dtype)
+    q = torch.randn(batch, q_heads, head_dim, device="cuda", dtype=dtype)
     return q, k_cache, v_cache, perm, seq_lens, kv_bytes
 
 
