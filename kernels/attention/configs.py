@@ -27,7 +27,8 @@ Facts the tables rest on (per SM unless said otherwise):
   Gluon kernel (`decode_ws`, one CTA per SM); at head_dim 128 the Gluon kernel
   with a shallower ring (`decode_ws_waves`, two CTAs per SM) takes the grids
   beyond one wave of `decode_ws` and the one-wave grids `decode_ws` would split
-  2-8 ways (splits.TWO_CTA_COUNTS).
+  2-8 ways (splits.TWO_CTA_COUNTS); at head_dim 256 one Gluon config (a 2-stage
+  ring, one CTA per SM) takes every grid.
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (in Triton the heads are M = 16 rows, the
@@ -106,7 +107,7 @@ class ArchTable:
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
     # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs: for grids of one wave of it,
-    # and (decode_ws_waves) at more CTAs per SM, for the grids beyond that; only where measured
+    # and (decode_ws_waves) for the grids beyond that (at more CTAs per SM where they fit); only where measured
     decode_ws: dict[int, WsDecodeConfig] = field(default_factory=dict)
     decode_ws_waves: dict[int, WsDecodeConfig] = field(default_factory=dict)
     # programmatic dependent launch (griddepcontrol, sm_90+): the decode kernels start while their predecessor
@@ -124,8 +125,9 @@ class ArchTable:
     def decode_ws_config(
         self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False
     ) -> WsDecodeConfig | None:
-        """The warp-specialized decode's config at one CTA per SM (`decode_ws`) or, with `waves`, at two
-        (`decode_ws_waves`), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        """The warp-specialized decode's config for grids of one wave of it (`decode_ws`, one CTA per SM) or,
+        with `waves`, for the grids beyond (`decode_ws_waves`: two CTAs per SM at head_dim 128, the same config
+        at 256), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
         if dtype not in (torch.float16, torch.bfloat16):
             return None
         return (self.decode_ws_waves if waves else self.decode_ws).get(head_dim)
@@ -252,7 +254,12 @@ TABLES: dict[str, ArchTable] = {
         # (131 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
         # at L=4k); at head_dim 64, 128-key tiles (131 KB) 6-14% less time than the Triton kernel's plan on all 14
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
-        decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1)},
+        # At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (131 KB, one CTA per SM) serves every grid: on the
+        # H200 (2026-11-30, benchmarks/decode_head_dim.py: fp16/bf16, heads 4/1, 8/4, 16/8, B=1-64, L=2k-32k) it
+        # took 0.44-0.81 of the Triton kernel plan's time (16/8 B=64 L=2k 238 vs 330 us; 8/4 B=1 L=4k 9.2 vs 13.4),
+        # and 0-3% less than a 3-stage ring (202 KB) everywhere but 4/1 B=1 L=32k (15.2 vs 14.4 us). Two stages
+        # also leave room for a query box of 64 columns (the 3-stage ring fits 32).
+        decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1), 256: WD(64, 2, 1)},
         # the same kernel with a 2-stage ring (67-88 KB, and registers for two CTAs per SM) for the grids beyond
         # one wave of decode_ws (measured once the loader looked a group of tiles' pages up at once). On the H200
         # (2026-11-30, the 16 fp16 decode shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of
@@ -261,7 +268,8 @@ TABLES: dict[str, ArchTable] = {
         # one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
         # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). Unmeasured at head_dim 64 (its
         # Triton configs stay).
-        decode_ws_waves={128: WD(64, 2, 2)},
+        # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 238 vs 330 us Triton).
+        decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
         pdl=True,

@@ -10,9 +10,9 @@ context is streamed in BLOCK_N-token chunks through the block table, and the
 result is either written directly (one split) or as an fp32 partial output plus
 its log-sum-exp (base 2), merged by `_reduce_kernel`. On sm_90 the warp-specialized
 Gluon kernel of `decode_ws.py` runs instead where the arch table has a config for it
-(`plan.decode_plan` decides: grids of one wave of it at head_dim 64/128; at head_dim 128,
-at two CTAs per SM, the grids beyond that and the one-wave grids it would split 2-8
-ways); it writes the same partials.
+(`plan.decode_plan` decides: grids of one wave of it at head_dim 64/128/256; at head_dim
+128, at two CTAs per SM, the grids beyond that and the one-wave grids it would split 2-8
+ways; at head_dim 256, at one CTA per SM, every grid); it writes the same partials.
 
 Each sequence divides its own visible range [max(0, len - window), len) among
 the splits on the device, so the launch depends only on host-known integers

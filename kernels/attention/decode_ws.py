@@ -2,8 +2,8 @@
 
 Used where it measured faster than the Triton kernel of `decode.py` (the reasons with the sm_90 table in
 `configs.py`): on grids of one wave of it with a 4-stage ring at one CTA per SM (small batches, where decode is
-bound by latency more than by bandwidth), and at head_dim 128 on larger grids with a 2-stage ring at two CTAs
-per SM. One warp does nothing but issue loads:
+bound by latency more than by bandwidth), at head_dim 128 on larger grids with a 2-stage ring at two CTAs
+per SM, and at head_dim 256 on every grid with a 2-stage ring at one CTA per SM. One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of
   STAGES tiles of BLOCK_N keys at once in the block table (a lane per page), a group of tiles ahead, and issues
@@ -52,8 +52,10 @@ Rows of a tile past the sequence's end are loaded (the last page's stale rows: t
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.
 
 Scope (the sm_90 table's `decode_ws` and `available` decide when planning, `supports` at the call): sm_90,
-fp16/bf16, head_dim 64/128 (the table's keys), tiles of a multiple of 64 keys, query groups of at most 64 heads,
-pages of 16/32/64 tokens in contiguous caches, no softcap.
+fp16/bf16, head_dim 64/128/256 (the table's keys), tiles of a multiple of 64 keys, query groups of at most 64
+heads, pages of 16/32/64 tokens in contiguous caches, no softcap. At head_dim 256 the fp32 accumulator O^T holds
+256 rows: with 64 query columns the consumer spills about 200 bytes (compiled for sm_90, Triton 3.6; none up to 32
+columns, where Gemma 3's groups of 2-4 are).
 """
 
 from __future__ import annotations

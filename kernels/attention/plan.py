@@ -49,10 +49,10 @@ def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
     then at two (decode_ws_waves; it also takes the grids the one-CTA config would split 2-8 ways); then the deep
-    Triton config."""
+    Triton config. A config listed twice (head_dim 256's one Gluon config serves both) is tried once."""
     gluon = [table.decode_ws_config(head_dim, dtype, waves) for waves in (False, True)] if ws else []
     configs = gluon + [table.decode_deep_config(head_dim, dtype)]
-    return [c for c in configs if c is not None]
+    return list(dict.fromkeys(c for c in configs if c is not None))
 
 
 def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:

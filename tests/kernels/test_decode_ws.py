@@ -28,7 +28,7 @@ def test_only_sm90_has_a_warp_specialized_decode_config():
         for head_dim in (64, 80, 128, 256):
             for dtype in (torch.float16, torch.bfloat16, torch.float32):
                 config = table.decode_ws_config(head_dim, dtype)
-                expected = arch == "sm_90" and head_dim in (64, 128) and dtype != torch.float32
+                expected = arch == "sm_90" and head_dim in (64, 128, 256) and dtype != torch.float32
                 assert (config is not None) == expected, (arch, head_dim, dtype)
                 assert config is None or isinstance(config, WsDecodeConfig)
 
@@ -98,6 +98,9 @@ RUNS = [(None, 1), (None, 3), (None, 32), (1, 1), (7, 2), (100, 4), (1000, 16)] 
         (16, 64, 1, 64, torch.float16),  # MQA, 64 query columns; head_dim 64
         (16, 32, 2, 128, torch.bfloat16),  # a group of 16: 16 query columns
         (64, 32, 8, 64, torch.bfloat16),
+        (16, 8, 4, 256, torch.bfloat16),  # head_dim 256 (Gemma 3): a group of 2
+        (64, 4, 1, 256, torch.float16),  # a group of 4, pages of 64
+        (32, 64, 1, 256, torch.float16),  # 64 query columns at head_dim 256 (the consumer spills a little)
     ],
     ids=str,
 )
@@ -120,14 +123,16 @@ def test_ws_decode_tile_shapes(block_n, stages, page):
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_ws_waves_config_over_a_grid_of_several_waves(dtype):
-    """The two-CTAs-per-SM config over more (sequence, KV head) units than one wave holds: ragged lengths,
-    1 and 3 splits, a window."""
-    config = TABLES["sm_90"].decode_ws_config(128, dtype, waves=True)
+@pytest.mark.parametrize(
+    "dtype,head_dim", [(torch.float16, 128), (torch.bfloat16, 128), (torch.bfloat16, 256)], ids=str
+)
+def test_ws_waves_config_over_a_grid_of_several_waves(dtype, head_dim):
+    """The config for grids beyond one wave (two CTAs per SM at head_dim 128, one at 256) over more (sequence,
+    KV head) units than one wave holds: ragged lengths, 1 and 3 splits, a window."""
+    config = TABLES["sm_90"].decode_ws_config(head_dim, dtype, waves=True)
     lens = [(37 * i) % 700 + 1 for i in range(40)]  # 40 sequences x 8 KV heads = 320 units > 264
     for window, splits in ((None, 1), (None, 3), (200, 1)):
-        out, ref = decode_case(lens, 16, 32, 8, 128, dtype, window, splits, config)
+        out, ref = decode_case(lens, 16, 32, 8, head_dim, dtype, window, splits, config)
         assert_close(out, ref, dtype)
 
 

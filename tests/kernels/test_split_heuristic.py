@@ -6,7 +6,7 @@ import torch
 
 from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
-from kernels.attention.plan import decode_plan, decode_splits, triton_config
+from kernels.attention.plan import decode_plan, decode_splits, one_wave_configs, triton_config
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
@@ -122,6 +122,15 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
+        # head_dim 256 (Gemma 3): one Gluon config, one CTA per SM, for one wave and beyond
+        ws256 = table.decode_ws_config(256)
+        assert ws256 == table.decode_ws_config(256, waves=True) and ws256.ctas_per_sm == 1
+        assert one_wave_configs(table, 256, torch.float16, True) == [ws256]  # tried once
+        gemma = {"q_heads": 8, "kv_heads": 4, "head_dim": 256}
+        assert decode_plan(*plan_inputs(1, 4096, **gemma), dev90) == (32, ws256)  # one wave: 4 units x 32
+        assert decode_plan(*plan_inputs(8, 4096, **gemma), dev90) == (4, ws256)  # 32 units: no two-CTA config
+        assert decode_plan(*plan_inputs(64, 2048, q_heads=16, kv_heads=8, head_dim=256), dev90)[1] == ws256  # waves
+        assert decode_plan(*plan_inputs(1, 4096, dtype=torch.float32, **gemma), dev90)[1] == table.decode_config(256)
     # the Triton configs (a Triton without Gluon, or a call the Gluon kernel cannot run)
     assert plan(32, 2048, dev90, gluon=False) == (1, deep)
     assert plan(1, 32768, dev90, gluon=False) == (32, deep)
