@@ -41,7 +41,7 @@ EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cache
 STEP_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (128, 2048)]  # (batch, context) of the KV write + decode step
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
-HEAD_DIM = 128  # of the decode grid (decode_head_dim.py runs others)
+HEAD_DIM = 128  # of the decode grid (attention_head_dim.py runs others)
 
 
 def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM):
@@ -88,10 +88,9 @@ def tune_decode(device):
     return ranked[0], {str(c): times[c] for c in cands}
 
 
-def prefill_inputs(dtype, batch, length, prefix=0):
+def prefill_inputs(dtype, batch, length, prefix=0, q_heads=32, kv_heads=8, head_dim=HEAD_DIM):
     """Paged caches holding `length` tokens per sequence (shuffled pages), queries for the last length - prefix,
     and those queries' own K/V rows gathered back from the pages (what the engine hands the kernel)."""
-    q_heads, kv_heads, head_dim = 32, 8, 128
     blocks = batch * length // PAGE
     k_cache = torch.randn(blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
