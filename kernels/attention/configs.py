@@ -20,7 +20,7 @@ Facts the tables rest on (per SM unless said otherwise):
 - sm_90 (H100/H200): 228 KB shared memory (227 KB per block), wgmma for
   tl.dot with 4-warp groups and M >= 64, TMA, HBM3(e) 3.3-4.8 TB/s: the Triton
   prefill takes (at head_dim 128) 128-row tiles for one warp group, two CTAs per SM, contiguous
-  rows through TMA descriptors; at head_dim 64/128 in fp16/bf16 the
+  rows through TMA descriptors; at head_dim 64/128/256 in fp16/bf16 the
   warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
   per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
   on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
@@ -246,17 +246,21 @@ TABLES: dict[str, ArchTable] = {
         decode_deep={64: D(128, 4, 6, 2), 128: D(64, 4, 6, 2)},
         # warp-specialized prefill (prefill_ws.py): 128-key tiles in a 3-stage ring (225 KB at head_dim 128; 2
         # stages were 6-22% slower on the H200). With a sliding window, head_dim 128 takes 64-key tiles: the
-        # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6).
-        prefill_ws={64: W(128, 3), 128: W(128, 3)},
-        prefill_ws_window={64: W(128, 3), 128: W(64, 4)},
+        # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6). At head_dim 256
+        # (Gemma 3) 64-key tiles in a 2-stage ring (Q 64 KB + 2 x 64 KB), the only ring that fits: on the H200
+        # (2026-11-30, benchmarks/attention_head_dim.py: bf16, heads 8/4 and 16/8, B=1-4, L=4k-16k) 1.66-1.96x the
+        # Triton kernel's TFLOP/s, causal and with a 1024-token window (436-521 against 239-268 causal), 0.77-1.07x
+        # SDPA; with or without pingpong within 1%.
+        prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2)},
+        prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM, 4 stages. On the H200
         # (2026-11-30; one-wave shapes x tiles x stages x splits for 1-2 CTAs per SM): at head_dim 128, 64-key tiles
         # (131 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
         # at L=4k); at head_dim 64, 128-key tiles (131 KB) 6-14% less time than the Triton kernel's plan on all 14
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
         # At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (131 KB, one CTA per SM) serves every grid: on the
-        # H200 (2026-11-30, benchmarks/decode_head_dim.py: fp16/bf16, heads 4/1, 8/4, 16/8, B=1-64, L=2k-32k) it
-        # took 0.44-0.81 of the Triton kernel plan's time (16/8 B=64 L=2k 238 vs 330 us; 8/4 B=1 L=4k 9.2 vs 13.4),
+        # H200 (2026-11-30, benchmarks/attention_head_dim.py: fp16/bf16, heads 4/1, 8/4, 16/8, B=1-64, L=2k-32k) it
+        # took 0.44-0.82 of the Triton kernel plan's time (16/8 B=64 L=2k 242 vs 335 us; 8/4 B=1 L=4k 9.2 vs 13.4),
         # and 0-3% less than a 3-stage ring (202 KB) everywhere but 4/1 B=1 L=32k (15.2 vs 14.4 us). Two stages
         # also leave room for a query box of 64 columns (the 3-stage ring fits 32).
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1), 256: WD(64, 2, 1)},
@@ -268,7 +272,7 @@ TABLES: dict[str, ArchTable] = {
         # one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
         # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). Unmeasured at head_dim 64 (its
         # Triton configs stay).
-        # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 238 vs 330 us Triton).
+        # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 242 vs 335 us Triton).
         decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%

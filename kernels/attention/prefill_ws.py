@@ -15,11 +15,12 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
   the tile's rows. The chunk's own keys are contiguous rows of k/v (what the engine just wrote), one TMA box
   per tile. Rows past a sequence's end are loaded (the next sequence's rows, or zeros) and masked.
 - Registers: consumers get 240 per thread (setmaxnreg), the loader 24; 12 warps, one CTA per SM
-  (shared memory at head_dim 128: Q 32 KB + STAGES x BLOCK_N / 2 KB, e.g. 3 x 64 KB for 128-key tiles).
+  (shared memory at head_dim 128: Q 32 KB + STAGES x BLOCK_N / 2 KB, e.g. 3 x 64 KB for 128-key tiles; at 256:
+  Q 64 KB + 2 x 64 KB for 64-key tiles, where a consumer's O accumulator alone takes 128 registers per thread).
 
-Scope (`prefill.ws_plan` decides, with `supports`): sm_90, fp16/bf16, head_dim 64 or 128, causal (with or without a
-sliding window) or non-causal, no softcap; pages of 16/32/64 tokens. With a window, a CTA skips the key tiles
-left of its rows' windows and masks the tiles on the window's edge. Everything else runs the Triton kernel.
+Scope (`prefill.ws_plan` decides, with `supports`): sm_90, fp16/bf16, head_dim 64, 128 or 256, causal (with or
+without a sliding window) or non-causal, no softcap; pages of 16/32/64 tokens. With a window, a CTA skips the key
+tiles left of its rows' windows and masks the tiles on the window's edge. Everything else runs the Triton kernel.
 """
 
 from __future__ import annotations

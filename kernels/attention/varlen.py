@@ -2,7 +2,7 @@
 
 Each sequence of the packed batch (one image's patches) attends only to itself.
 It runs the prefill kernel of `prefill.py` with contiguous K/V rows (PAGED=False), or on sm_90 at head_dim
-64/128 the warp-specialized kernel of `prefill_ws.py`.
+64/128/256 the warp-specialized kernel of `prefill_ws.py`.
 """
 
 from __future__ import annotations

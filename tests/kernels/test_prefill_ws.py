@@ -17,7 +17,7 @@ def test_only_sm90_has_a_warp_specialized_config():
             for dtype in (torch.float16, torch.bfloat16, torch.float32):
                 for window in (False, True):
                     config = table.prefill_ws_config(head_dim, dtype, window)
-                    expected = arch == "sm_90" and head_dim in (64, 128) and dtype != torch.float32
+                    expected = arch == "sm_90" and head_dim in (64, 128, 256) and dtype != torch.float32
                     assert (config is not None) == expected, (arch, head_dim, dtype, window)
                     assert config is None or isinstance(config, WsPrefillConfig)
 
@@ -69,7 +69,7 @@ PAIRS = [(1, 1), (63, 63), (129, 129), (700, 700), (2100, 1000), (300, 1), (128 
 
 @needs_sm90
 @pytest.mark.parametrize("page", [16, 32, 64])
-@pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128)], ids=str)
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128), (2, 256)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_paged_prefill_matches_reference(page, group, head_dim, dtype):
     out, ref = _paged_case(page, group, head_dim, dtype)
@@ -78,14 +78,14 @@ def test_paged_prefill_matches_reference(page, group, head_dim, dtype):
 
 @needs_sm90
 @pytest.mark.parametrize("window", [1, 7, 100, 1000])  # 1: each row sees itself only; 1000: past most prefixes
-@pytest.mark.parametrize("head_dim,page", [(64, 16), (128, 32)], ids=str)
+@pytest.mark.parametrize("head_dim,page", [(64, 16), (128, 32), (256, 64)], ids=str)
 def test_sliding_window_matches_reference(window, head_dim, page):
     out, ref = _paged_case(page, 4, head_dim, torch.bfloat16, window)
     assert_close(out, ref, torch.bfloat16)
 
 
 @needs_sm90
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_matches_reference(head_dim, causal):
     torch.manual_seed(0)
