@@ -41,7 +41,7 @@ EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cache
 STEP_SHAPES = [(1, 4096), (8, 4096), (64, 1024), (128, 2048)]  # (batch, context) of the KV write + decode step
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 L2_DEFEAT = 256 << 20
-HEAD_DIM = 128  # of the decode grid (attention_head_dim.py runs others)
+HEAD_DIM = 128  # of the decode grid and the prefill rows (attention_head_dim.py runs others)
 
 
 def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM):
@@ -211,8 +211,10 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     """Causal prefill of the last length - prefix tokens: the engine's path (the chunk's keys from its own rows,
     the prefix from pages) on the dispatch's kernel and, where that is the Gluon kernel, on the Triton kernel;
     every key from the pages (Triton); and (fresh sequences) SDPA on contiguous K/V."""
-    q_heads, head_dim = 32, 128
-    q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, k_all, v_all = prefill_inputs(dtype, batch, length, prefix)
+    q_heads, kv_heads, head_dim = 32, 8, HEAD_DIM
+    q, k_cache, v_cache, tables, cu, lens, k_rows, v_rows, k_all, v_all = prefill_inputs(
+        dtype, batch, length, prefix, q_heads, kv_heads, head_dim
+    )
     q_len, scale = length - prefix, head_dim**-0.5
     flops = 4 * batch * q_heads * head_dim * (q_len * prefix + q_len * q_len / 2)  # causal: half the new square
     args = (q, k_cache, v_cache, tables, cu, lens, scale, q_len)
@@ -240,8 +242,8 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     mine = ours()
     row["rows_vs_pages_max_diff"] = float((mine.float() - pages().float()).abs().max())
     if prefix == 0:  # SDPA: K/V contiguous [batch, heads, L, d], expanded to the query heads
-        k = k_all.repeat_interleave(4, 2).transpose(1, 2).contiguous()
-        v = v_all.repeat_interleave(4, 2).transpose(1, 2).contiguous()
+        k = k_all.repeat_interleave(q_heads // kv_heads, 2).transpose(1, 2).contiguous()
+        v = v_all.repeat_interleave(q_heads // kv_heads, 2).transpose(1, 2).contiguous()
         q4 = q.view(batch, length, q_heads, head_dim).transpose(1, 2).contiguous()
         ref = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale).float()
         mine = mine.view(batch, length, q_heads, head_dim).transpose(1, 2).float()

@@ -247,10 +247,10 @@ TABLES: dict[str, ArchTable] = {
         # warp-specialized prefill (prefill_ws.py): 128-key tiles in a 3-stage ring (225 KB at head_dim 128; 2
         # stages were 6-22% slower on the H200). With a sliding window, head_dim 128 takes 64-key tiles: the
         # window's bookkeeping made the 128-key consumers spill (compiled for sm_90, Triton 3.6). At head_dim 256
-        # (Gemma 3) 64-key tiles in a 2-stage ring (Q 64 KB + 2 x 64 KB), the only ring that fits: on the H200
-        # (2026-11-30, benchmarks/attention_head_dim.py: bf16, heads 8/4 and 16/8, B=1-4, L=4k-16k) 1.66-1.96x the
-        # Triton kernel's TFLOP/s, causal and with a 1024-token window (436-521 against 239-268 causal), 0.77-1.07x
-        # SDPA; with or without pingpong within 1%.
+        # (Gemma 3) 64-key tiles in a 2-stage ring (Q 64 KB + 2 x 64 KB), the only multi-stage ring that fits: on
+        # the H200 (2026-11-30, benchmarks/attention_head_dim.py: bf16, heads 8/4 and 16/8, B=1-4, L=4k-16k)
+        # 1.66-1.96x the Triton kernel's TFLOP/s, causal and with a 1024-token window (436-521 against 239-268
+        # causal), 0.77-1.07x SDPA; with or without pingpong within 1%.
         prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM, 4 stages. On the H200
@@ -258,21 +258,23 @@ TABLES: dict[str, ArchTable] = {
         # (131 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
         # at L=4k); at head_dim 64, 128-key tiles (131 KB) 6-14% less time than the Triton kernel's plan on all 14
         # one-wave shapes tried (B=1-16, L=2k-32k, GQA and MHA, fp16 and bf16).
-        # At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (131 KB, one CTA per SM) serves every grid: on the
-        # H200 (2026-11-30, benchmarks/attention_head_dim.py: fp16/bf16, heads 4/1, 8/4, 16/8, B=1-64, L=2k-32k) it
-        # took 0.44-0.82 of the Triton kernel plan's time (16/8 B=64 L=2k 242 vs 335 us; 8/4 B=1 L=4k 9.2 vs 13.4),
-        # and 0-3% less than a 3-stage ring (202 KB) everywhere but 4/1 B=1 L=32k (15.2 vs 14.4 us). Two stages
-        # also leave room for a query box of 64 columns (the 3-stage ring fits 32).
+        # At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (K/V 128 KB, one CTA per SM) serves every grid:
+        # on the H200 (2026-11-30, benchmarks/attention_head_dim.py: fp16/bf16, heads 4/1, 8/4, 16/8, B=1-64,
+        # L=2k-32k) it took 0.44-0.82 of the Triton kernel plan's time (16/8 B=64 L=2k 243 vs 335 us; 8/4 B=1 L=4k
+        # 9.2 vs 13.4), and 0-3% less than a 3-stage ring (K/V 192 KB) everywhere but 4/1 B=1 L=32k (15.2 vs 14.4
+        # us). Two stages also leave room for a query box of 64 columns (three stages for 32: decode_ws.smem_bytes).
+        # Not tuned: one sequence of 4/1 heads at L=4k runs 64 splits of 64 keys (7.0 us; 32 splits ran 6.2) - the
+        # one-wave rule wants 128 keys per split, and the wave model of several waves picks 64 for that 4 MB read.
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1), 256: WD(64, 2, 1)},
-        # the same kernel with a 2-stage ring (67-88 KB, and registers for two CTAs per SM) for the grids beyond
-        # one wave of decode_ws (measured once the loader looked a group of tiles' pages up at once). On the H200
-        # (2026-11-30, the 16 fp16 decode shapes, best split each): 0.3-2.1% less time than the Triton plan on 8 of
-        # the 9 grids of more than 132 (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8 B=32 L=2k
-        # 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also takes the
-        # one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
+        # at head_dim 128 the same kernel with a 2-stage ring (67-88 KB, and registers for two CTAs per SM) for the
+        # grids beyond one wave of decode_ws (measured once the loader looked a group of tiles' pages up at once). On
+        # the H200 (2026-11-30, the 16 fp16 decode shapes, best split each): 0.3-2.1% less time than the Triton plan
+        # on 8 of the 9 grids of more than 132 (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8
+        # B=32 L=2k 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also takes
+        # the one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
         # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). Unmeasured at head_dim 64 (its
         # Triton configs stay).
-        # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 242 vs 335 us Triton).
+        # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 243 vs 335 us Triton).
         decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%

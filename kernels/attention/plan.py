@@ -31,10 +31,10 @@ def decode_plan(
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
         for c in one_wave_configs(table, head_dim, q.dtype, ws)
     ]
-    # only the one-CTA Gluon config can be followed by a Gluon config (the two-CTA one): where that one fits the
-    # grid in one wave too, the one-CTA config gives way to it at the counts of TWO_CTA_COUNTS
+    # only the one-CTA Gluon config can be followed by a Gluon config at more CTAs per SM (the two-CTA one, head_dim
+    # 128): where that one fits the grid in one wave too, the one-CTA config gives way to it at TWO_CTA_COUNTS
     if len(plans) > 1 and isinstance(plans[1][0], WsDecodeConfig) and plans[1][1] is not None:
-        if plans[0][1] in split_model.TWO_CTA_COUNTS:
+        if plans[1][0].ctas_per_sm > plans[0][0].ctas_per_sm and plans[0][1] in split_model.TWO_CTA_COUNTS:
             del plans[0]
     for one_wave, count in plans:
         if count is not None and num_splits in (None, count):
@@ -48,8 +48,8 @@ def decode_plan(
 def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
-    then at two (decode_ws_waves; it also takes the grids the one-CTA config would split 2-8 ways); then the deep
-    Triton config. A config listed twice (head_dim 256's one Gluon config serves both) is tried once."""
+    then its config for larger grids (decode_ws_waves: at head_dim 128 two CTAs per SM, and it also takes the grids
+    the one-CTA config would split 2-8 ways; at 256 the same config, listed once); then the deep Triton config."""
     gluon = [table.decode_ws_config(head_dim, dtype, waves) for waves in (False, True)] if ws else []
     configs = gluon + [table.decode_deep_config(head_dim, dtype)]
     return list(dict.fromkeys(c for c in configs if c is not None))

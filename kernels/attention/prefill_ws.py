@@ -47,6 +47,13 @@ from kernels.device import device_for
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 
 
+def smem_bytes(config, head_dim: int, elem_size: int) -> int:
+    """Shared memory of one CTA: the two consumers' query rows, the K and V rings and the mbarriers (229,768
+    bytes as Triton 3.6 compiled 128-key tiles x 3 stages at head_dim 128, 196,952 for 64 x 2 at 256: this plus
+    the compiler's few hundred bytes of scratch)."""
+    return (2 * ROWS + 2 * config.num_stages * config.block_n) * head_dim * elem_size + 8 * (4 + 3 * config.num_stages)
+
+
 def supports(q, k, v, k_cache, v_cache, softcap) -> bool:
     """Whether this kernel can run the call (otherwise the Triton kernel does): Gluon and an sm_90 GPU, the
     chunk's rows given, no softcap, TMA-readable tensors. Dtype and head_dim are the config table's to decide

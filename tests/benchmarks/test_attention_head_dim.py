@@ -16,6 +16,16 @@ def test_markdown_reports_decode_and_prefill_against_triton_and_sdpa():
            "copy_gbs": 4000.0, "decode": [decode], "prefill": [causal, windowed]}  # fmt: skip
     text = markdown(res)
     assert text.startswith("# Attention at head_dim 256 on GPU")
+    lines = text.splitlines()
+    decode_header = lines.index("## Decode (CUDA-graph replays, L2 defeated)") + 2
+    prefill_header = lines.index("## Prefill (fresh sequences, causal; a window of 1024 where named)") + 2
+    assert decode_header < prefill_header
+    for header, rows in ((decode_header, 1), (prefill_header, 2)):
+        columns = lines[header].count("|")
+        assert lines[header + 1] == "|" + "---|" * (columns - 1)
+        assert all(line.count("|") == columns for line in lines[header + 2 : header + 2 + rows])
+    assert "| plan us | Triton plan (config, splits) | Triton us | SDPA us | plan / Triton |" in lines[decode_header]
+    assert "| ours TFLOP/s | Triton TFLOP/s | SDPA TFLOP/s | ours / Triton | ours / SDPA |" in lines[prefill_header]
     # 32 MB in 8 us against 4000 GB/s: 32 * 2**20 / 8 / 4e3 = 1.05
     assert (
         "| float16 | 8/4 | 1 | 4096 | 32 | gluon 64/2 S=32 | 8.0 | 32/4/3 S=64 | 12.0 | 14.0 | 0.67 | 1.75x | 1.05 | 6.1e-05 |"

@@ -62,14 +62,14 @@ def before_wait(ptx: str) -> dict:
     }
 
 
-def gluon_decode_ptx(config) -> str:
+def gluon_decode_ptx(config, head_dim=128) -> str:
     from triton.runtime.jit import mangle_type
 
-    q = torch.empty(8, 32, 128, dtype=torch.float16)
-    cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
+    q = torch.empty(8, 32, head_dim, dtype=torch.float16)
+    cache = torch.empty(64, 16, 8, head_dim, dtype=torch.float16)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=128, BLOCK_N=config.block_n)
+    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_N=config.block_n)
     consts.update(STAGES=config.num_stages, PAGE=16)
     consts.update(LANES=decode_ws.page_lanes(config, 16), DIRECT=False, PDL=True)
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
@@ -87,6 +87,7 @@ def main() -> None:
     if gluon_sm90.gluon is not None:
         for name, waves in (("decode_ws", False), ("decode_ws_waves", True)):
             report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, waves=waves)))
+        report["decode_ws_256"] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(256), 256))
     print(json.dumps(report))
 
 

@@ -130,7 +130,7 @@ def test_ws_waves_config_over_a_grid_of_several_waves(dtype, head_dim):
     """The config for grids beyond one wave (two CTAs per SM at head_dim 128, one at 256) over more (sequence,
     KV head) units than one wave holds: ragged lengths, 1 and 3 splits, a window."""
     config = TABLES["sm_90"].decode_ws_config(head_dim, dtype, waves=True)
-    lens = [(37 * i) % 700 + 1 for i in range(40)]  # 40 sequences x 8 KV heads = 320 units > 264
+    lens = [(37 * i) % 700 + 1 for i in range(40)]  # 40 sequences x 8 KV heads = 320 units: > 264, > 132
     for window, splits in ((None, 1), (None, 3), (200, 1)):
         out, ref = decode_case(lens, 16, 32, 8, head_dim, dtype, window, splits, config)
         assert_close(out, ref, dtype)

@@ -68,6 +68,10 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
             # holds at most the 128 bytes of its swizzle); more tiles before the wait measured slower (decode_ws.py)
             assert sm90_ptx[config]["before"].count("cp.async.bulk.tensor.2d") == 4 * 2 * 2
             assert sm90_ptx[config]["launches"] == 1
+        # head_dim 256 (Gemma 3): the same tile, each 256-column row as four 64-column boxes
+        assert set(sm90_ptx["decode_ws_256"]["before"]) == {"ld.global", "cp.async.bulk.tensor.2d"}
+        assert sm90_ptx["decode_ws_256"]["before"].count("cp.async.bulk.tensor.2d") == 4 * 2 * 4
+        assert sm90_ptx["decode_ws_256"]["launches"] == 1
 
 
 @needs_pdl

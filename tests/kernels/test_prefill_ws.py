@@ -6,7 +6,7 @@ everywhere."""
 import pytest
 import torch
 
-from kernels.attention import prefill, reference, varlen
+from kernels.attention import prefill, prefill_ws, reference, varlen
 from kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
 from tests.kernels.attention_helpers import DEV, SM90, assert_close, chunk_rows, make_paged, needs_sm90, poisoned_like
 
@@ -20,6 +20,17 @@ def test_only_sm90_has_a_warp_specialized_config():
                     expected = arch == "sm_90" and head_dim in (64, 128, 256) and dtype != torch.float32
                     assert (config is not None) == expected, (arch, head_dim, dtype, window)
                     assert config is None or isinstance(config, WsPrefillConfig)
+
+
+def test_ws_configs_fit_shared_memory():
+    """Every sm_90 warp-specialized prefill config, with its scratch (1 KB), fits the 227 KB a block may use."""
+    table = TABLES["sm_90"]
+    for configs in (table.prefill_ws, table.prefill_ws_window):
+        for head_dim, config in configs.items():
+            assert prefill_ws.smem_bytes(config, head_dim, 2) + 1024 <= table.smem_kb * 1024, (head_dim, config)
+    assert (
+        prefill_ws.smem_bytes(WsPrefillConfig(128, 2), 256, 2) > table.smem_kb * 1024
+    )  # 256: 64-key tiles for 2 stages
 
 
 def test_ws_plan_keeps_triton_outside_the_kernels_scope():

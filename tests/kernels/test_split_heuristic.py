@@ -108,6 +108,8 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
 
     table = TABLES["sm_90"]
     deep, ws, waves = sm90_one_wave_configs()
+    ws256, gemma = table.decode_ws_config(256), {"q_heads": 8, "kv_heads": 4, "head_dim": 256}
+    assert ws256 == table.decode_ws_config(256, waves=True) and ws256.ctas_per_sm == 1
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
         assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
@@ -122,15 +124,14 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
-        # head_dim 256 (Gemma 3): one Gluon config, one CTA per SM, for one wave and beyond
-        ws256 = table.decode_ws_config(256)
-        assert ws256 == table.decode_ws_config(256, waves=True) and ws256.ctas_per_sm == 1
-        assert one_wave_configs(table, 256, torch.float16, True) == [ws256]  # tried once
-        gemma = {"q_heads": 8, "kv_heads": 4, "head_dim": 256}
+        # head_dim 256 (Gemma 3): its one Gluon config, one CTA per SM, for one wave and beyond
         assert decode_plan(*plan_inputs(1, 4096, **gemma), dev90) == (32, ws256)  # one wave: 4 units x 32
-        assert decode_plan(*plan_inputs(8, 4096, **gemma), dev90) == (4, ws256)  # 32 units: no two-CTA config
+        # 32 units: a count of TWO_CTA_COUNTS, but no two-CTA config to give way to - the count stays 4
+        assert decode_plan(*plan_inputs(8, 4096, **gemma), dev90) == (4, ws256)
         assert decode_plan(*plan_inputs(64, 2048, q_heads=16, kv_heads=8, head_dim=256), dev90)[1] == ws256  # waves
-        assert decode_plan(*plan_inputs(1, 4096, dtype=torch.float32, **gemma), dev90)[1] == table.decode_config(256)
+    assert one_wave_configs(table, 256, torch.float16, True) == [ws256]  # listed once
+    fp32_256 = decode_plan(*plan_inputs(1, 4096, dtype=torch.float32, **gemma), dev90)[1]
+    assert fp32_256 == table.decode_config(256, torch.float32)  # no Gluon kernel for fp32
     # the Triton configs (a Triton without Gluon, or a call the Gluon kernel cannot run)
     assert plan(32, 2048, dev90, gluon=False) == (1, deep)
     assert plan(1, 32768, dev90, gluon=False) == (32, deep)
