@@ -272,8 +272,11 @@ TABLES: dict[str, ArchTable] = {
         # on 8 of the 9 grids of more than 132 (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8
         # B=32 L=2k 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also takes
         # the one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
-        # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). Unmeasured at head_dim 64 (its
-        # Triton configs stay).
+        # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). At head_dim 64 (H200, 2026-11-30,
+        # fp16, 7 grids beyond one wave: heads 14/2, 32/8, 32/4, B=32-256, L=512-4k) the kernel at two CTAs per SM
+        # (128-key tiles, 2 stages; 3 stages and 64-key tiles no better) ran from 3.4% less time than the Triton
+        # plan (14/2 B=128 L=2k 34.4 vs 35.6 us) to 4.2% more (32/8 B=128 L=512 39.4 vs 37.8): the Triton
+        # configs stay there.
         # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 243 vs 335 us Triton).
         decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
