@@ -99,8 +99,8 @@ def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
 
 def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     """sm_90 at head_dim 128 (where Gluon is there): the Gluon kernel at one CTA per SM on a grid of one wave of
-    it that it runs unsplit or splits 16+ ways, at two CTAs per SM on the other one-wave grids and on grids of
-    several waves; the Triton configs elsewhere."""
+    it that it runs unsplit or splits 16+ ways, at two CTAs per SM on the other one-wave grids (grids of several
+    waves: the next test); the Triton configs elsewhere."""
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
     def plan(batch, ctx, dev, dtype=torch.float16, gluon=True):
@@ -108,15 +108,11 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
 
     table = TABLES["sm_90"]
     deep, ws, waves = sm90_one_wave_configs()
-    ws256, gemma = table.decode_ws_config(256), {"q_heads": 8, "kv_heads": 4, "head_dim": 256}
-    assert ws256 == table.decode_ws_config(256, waves=True) and ws256.ctas_per_sm == 1
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
         assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
         assert plan(1, 32768, dev90, torch.bfloat16) == (16, ws)
         assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (at two CTAs per SM 32 would read 64)
-        assert plan(128, 512, dev90)[1] == waves  # 1024 units: many waves
-        assert plan(1, 1024, dev90)[1] == waves  # splits too short for any one-wave config
         # grids the one-CTA config would split 2-8 ways: two CTAs per SM, twice the splits
         assert plan(2, 32768, dev90) == (16, waves)  # 16 units
         assert plan(4, 32768, dev90) == (8, waves)  # 32 units
@@ -124,39 +120,51 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
-        # head_dim 256 (Gemma 3): its one Gluon config, one CTA per SM, for one wave and beyond
-        assert decode_plan(*plan_inputs(1, 4096, **gemma), dev90) == (32, ws256)  # one wave: 4 units x 32
-        # 32 units: a count of TWO_CTA_COUNTS, but no two-CTA config to give way to - the count stays 4
-        assert decode_plan(*plan_inputs(8, 4096, **gemma), dev90) == (4, ws256)
-        assert decode_plan(*plan_inputs(64, 2048, q_heads=16, kv_heads=8, head_dim=256), dev90)[1] == ws256  # waves
-    assert one_wave_configs(table, 256, torch.float16, True) == [ws256]  # listed once
-    fp32_256 = decode_plan(*plan_inputs(1, 4096, dtype=torch.float32, **gemma), dev90)[1]
-    assert fp32_256 == table.decode_config(256, torch.float32)  # no Gluon kernel for fp32
     # the Triton configs (a Triton without Gluon, or a call the Gluon kernel cannot run)
     assert plan(32, 2048, dev90, gluon=False) == (1, deep)
     assert plan(1, 32768, dev90, gluon=False) == (32, deep)
-    assert plan(128, 512, dev90, gluon=False)[1] == table.decode_config(128)
-    assert plan(1, 1024, dev90, gluon=False)[1] == table.decode_config(128)
     assert plan(1, 32768, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
 
 
 def test_decode_plan_of_a_grid_of_several_waves():
-    """Beyond one wave of every one-wave config, sm_90 at head_dim 128 plans the Gluon kernel at two CTAs per SM
-    (where Gluon is there) and other head dims, dtypes and archs the Triton config, each with the wave model's
-    split count for that config."""
+    """Beyond one wave of every one-wave config (or with splits too short for one), sm_90 at head_dim 128 plans
+    the Gluon kernel at two CTAs per SM (where Gluon is there), and head_dim 64, fp32 and other archs the Triton
+    config, each with the wave model's split count for that config (head_dim 256: the test after the next)."""
     sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
     inputs = plan_inputs(40, 32768)  # 40 sequences of 32k keys, 8 KV heads: 320 units
     waves, triton = TABLES["sm_90"].decode_ws_config(128, waves=True), TABLES["sm_90"].decode_config(128)
     # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
     if decode_ws.available(sm90, 4, 16):
         assert decode_plan(*inputs, sm90) == (9, waves)
+        assert decode_plan(*plan_inputs(128, 512), sm90)[1] == waves  # 1024 units
+        assert decode_plan(*plan_inputs(1, 1024), sm90)[1] == waves  # 8 units, splits too short for one wave
     assert decode_plan(*inputs, sm90, gluon=False) == (3, triton)
+    assert decode_plan(*plan_inputs(128, 512), sm90, gluon=False)[1] == triton
+    assert decode_plan(*plan_inputs(1, 1024), sm90, gluon=False)[1] == triton
     assert decode_plan(*inputs, sm80)[1] == TABLES["sm_80"].decode_config(128)
     fp32 = plan_inputs(40, 32768, dtype=torch.float32)
     assert decode_plan(*fp32, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert decode_plan(*plan_inputs(40, 32768, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_config(64)
+
+
+def test_head_dim_256_plans_its_one_gluon_config_for_every_grid():
+    """Gemma 3's head_dim on sm_90: one Gluon config at one CTA per SM for one-wave grids and beyond (no two-CTA
+    config to give way to at TWO_CTA_COUNTS); fp32 plans the Triton config."""
+    sm90, table = sim_device((9, 0), sm_count=132), TABLES["sm_90"]
+    ws256 = table.decode_ws_config(256)
+    assert ws256 == table.decode_ws_config(256, waves=True) and ws256.ctas_per_sm == 1
+    assert one_wave_configs(table, 256, torch.float16, True) == [ws256]  # listed once
+
+    def plan(batch, ctx, q_heads=8, kv_heads=4, dtype=torch.float16):
+        return decode_plan(*plan_inputs(batch, ctx, q_heads, kv_heads, 256, dtype), sm90)
+
+    if decode_ws.available(sm90, 2, 16):
+        assert plan(1, 4096) == (32, ws256)  # one wave: 4 units x 32 splits of 128 keys
+        assert plan(8, 4096) == (4, ws256)  # 32 units split 4 ways: the count stays 4, on the same config
+        assert plan(64, 2048, 16, 8)[1] == ws256  # 512 units: several waves
+    assert plan(1, 4096, dtype=torch.float32)[1] == table.decode_config(256, torch.float32)  # no Gluon fp32
 
 
 def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own():
