@@ -131,7 +131,7 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
 def test_decode_plan_of_a_grid_of_several_waves():
     """Beyond one wave of every one-wave config (or with splits too short for one), sm_90 at head_dim 128 plans
     the Gluon kernel at two CTAs per SM (where Gluon is there), and head_dim 64, fp32 and other archs the Triton
-    config, each with the wave model's split count for that config (head_dim 256: the test after the next)."""
+    config, each with the wave model's split count for that config (head_dim 256: the next test)."""
     sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
     inputs = plan_inputs(40, 32768)  # 40 sequences of 32k keys, 8 KV heads: 320 units
     waves, triton = TABLES["sm_90"].decode_ws_config(128, waves=True), TABLES["sm_90"].decode_config(128)
