@@ -157,10 +157,10 @@ if gluon is not None:
 
     @gluon.jit
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
-                b, kvh, split, num_splits, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                b, kvh, split, num_splits, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, kv_empty = bars
-        start, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
+        _, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
         # a box per page: tiles start at multiples of BLOCK_N, which pages (16-64 tokens) divide
         gl.static_assert(BLOCK_N % PAGE == 0, "whole pages per tile")
         NBOX: gl.constexpr = BLOCK_N // PAGE
@@ -278,7 +278,7 @@ if gluon is not None:
                          window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                          Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
-                       bars, b, kvh, split, num_splits, GROUP, HEAD_DIM, BLOCK_N, STAGES, PAGE, LANES, PDL)),
+                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL)),
         ], [1], [24])  # fmt: skip
 
 
