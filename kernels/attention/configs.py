@@ -24,11 +24,8 @@ Facts the tables rest on (per SM unless said otherwise):
   warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
   per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
   on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
-  Gluon kernel (`decode_ws`, one CTA per SM); at head_dim 128 the Gluon kernel
-  with a shallower ring (`decode_ws_waves`, two CTAs per SM) takes the grids
-  beyond one wave of `decode_ws` and the one-wave grids `decode_ws` would split
-  2-8 ways (splits.TWO_CTA_COUNTS); at head_dim 256 one Gluon config (a 2-stage
-  ring, one CTA per SM) takes every grid.
+  Gluon kernel (`decode_ws`, and `decode_ws_waves` for larger grids);
+  `plan.decode_plan` says which config takes which grid.
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
 packed query heads of one KV head (in Triton the heads are M = 16 rows, the
@@ -83,9 +80,8 @@ class WsPrefillConfig:
 
 @dataclass(frozen=True, slots=True)
 class WsDecodeConfig:
-    """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup): for
-    grids of one wave of it (ArchTable.decode_ws; splits.deep_splits with its ctas_per_sm), or of any size
-    (ArchTable.decode_ws_waves; the wave model's split count)."""
+    """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup); the
+    table's `decode_ws` and `decode_ws_waves` hold them, `plan.decode_plan` picks one and its split count."""
 
     block_n: int  # KV tokens per tile
     num_stages: int  # K/V tiles in the loader's ring
@@ -107,7 +103,7 @@ class ArchTable:
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
     # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs: for grids of one wave of it,
-    # and (decode_ws_waves) for the grids beyond that (at more CTAs per SM where they fit); only where measured
+    # and (decode_ws_waves) for larger grids (plan.decode_plan decides); only where measured
     decode_ws: dict[int, WsDecodeConfig] = field(default_factory=dict)
     decode_ws_waves: dict[int, WsDecodeConfig] = field(default_factory=dict)
     # programmatic dependent launch (griddepcontrol, sm_90+): the decode kernels start while their predecessor
@@ -125,9 +121,8 @@ class ArchTable:
     def decode_ws_config(
         self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False
     ) -> WsDecodeConfig | None:
-        """The warp-specialized decode's config for grids of one wave of it (`decode_ws`, one CTA per SM) or,
-        with `waves`, for the grids beyond (`decode_ws_waves`: two CTAs per SM at head_dim 128, the same config
-        at 256), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        """The warp-specialized decode's config for grids of one wave of it (`decode_ws`) or, with `waves`, for
+        larger grids (`decode_ws_waves`), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
         if dtype not in (torch.float16, torch.bfloat16):
             return None
         return (self.decode_ws_waves if waves else self.decode_ws).get(head_dim)
@@ -271,13 +266,13 @@ TABLES: dict[str, ArchTable] = {
         # the H200 (2026-11-30, the 16 fp16 decode shapes, best split each): 0.3-2.1% less time than the Triton plan
         # on 8 of the 9 grids of more than 132 (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8
         # B=32 L=2k 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also takes
-        # the one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS), with twice the splits; on the
-        # other one-wave grids the one-CTA config stays ahead (B=1: by up to 2%). At head_dim 64 (H200, 2026-11-30,
+        # the one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS says by how much; on the other
+        # one-wave grids the one-CTA config stays ahead). At head_dim 64 (H200, 2026-11-30,
         # fp16, 7 grids beyond one wave: heads 14/2, 32/8, 32/4, B=32-256, L=512-4k) the kernel at two CTAs per SM
         # (128-key tiles, 2 stages; 3 stages and 64-key tiles no better) ran from 3.4% less time than the Triton
         # plan (14/2 B=128 L=2k 34.4 vs 35.6 us) to 4.2% more (32/8 B=128 L=512 39.4 vs 37.8): the Triton
         # configs stay there.
-        # At head_dim 256 the one-CTA config takes these grids too (16/8 B=64 L=2k: 243 vs 335 us Triton).
+        # At head_dim 256 the one-CTA config above takes these grids too.
         decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%

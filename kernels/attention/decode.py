@@ -10,9 +10,7 @@ context is streamed in BLOCK_N-token chunks through the block table, and the
 result is either written directly (one split) or as an fp32 partial output plus
 its log-sum-exp (base 2), merged by `_reduce_kernel`. On sm_90 the warp-specialized
 Gluon kernel of `decode_ws.py` runs instead where the arch table has a config for it
-(`plan.decode_plan` decides: grids of one wave of it at head_dim 64/128/256; at head_dim
-128, at two CTAs per SM, the grids beyond that and the one-wave grids it would split 2-8
-ways; at head_dim 256, at one CTA per SM, every grid); it writes the same partials.
+(`plan.decode_plan` decides which grids); it writes the same partials.
 
 Each sequence divides its own visible range [max(0, len - window), len) among
 the splits on the device, so the launch depends only on host-known integers
@@ -25,9 +23,7 @@ contiguous; a token's row for one KV head is head_dim contiguous elements.
 Programmatic dependent launch (where the arch table's `pdl` holds: sm_90): the
 decode kernel is launched while the kernel before it (the KV write, in a decode
 step) still runs, loads its sequence length (and, in the Gluon kernel, the first
-tiles' pages: the block table and lengths are the engine's inputs, written before
-the step; and the split's first tile where it ends before the sequence's last row,
-the only row of a decoded sequence the KV write changes) and then waits
+tiles' pages and the split's first tile: `decode_ws.py`) and then waits
 (griddepcontrol.wait) before reading q and the rest of the cache. The Gluon kernel
 lets the reduce kernel launch once each of its CTAs has started its last tile (a
 split of one tile: at its end; `decode_ws.py` says why then); the reduce

@@ -1,9 +1,8 @@
 """Paged decode attention for sm_90 in Gluon: a TMA loader warp and one wgmma consumer warpgroup.
 
-Used where it measured faster than the Triton kernel of `decode.py` (the reasons with the sm_90 table in
-`configs.py`): on grids of one wave of it with a 4-stage ring at one CTA per SM (small batches, where decode is
-bound by latency more than by bandwidth), at head_dim 128 on larger grids with a 2-stage ring at two CTAs
-per SM, and at head_dim 256 on every grid with a 2-stage ring at one CTA per SM. One warp does nothing but issue loads:
+Used where it measured faster than the Triton kernel of `decode.py` (the sm_90 table's `decode_ws` and
+`decode_ws_waves` in `configs.py`, with the measurements; `plan.decode_plan` says which config takes which grid).
+One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of
   STAGES tiles of BLOCK_N keys at once in the block table (a lane per page), a group of tiles ahead, and issues

@@ -5,10 +5,9 @@ negative slot, e.g. a padding token of a CUDA-graph batch, is skipped) and
 copies the token's [kv_heads, head_dim] rows of K and V into the caches. With
 programmatic dependent launch (sm_90, `pdl.dependent_launch`) it lets the
 decode kernel after it launch at once and waits for the kernel before it (which
-wrote k and v) before its first load. The sm_90 Gluon decode reads the rows of
-its splits' first tiles before the sequence's last row while this kernel may still
-run: of a decoded sequence's rows it must write only the last (the step's token),
-as a decode step does (`decode_ws.py`, docs/INTERFACES.md).
+wrote k and v) before its first load. Of a decoded sequence's rows it may write
+only the last (the step's token), as a decode step does: the rule and why are in
+docs/INTERFACES.md (`write_kv_cache`) and `decode_ws.py`.
 """
 
 from __future__ import annotations

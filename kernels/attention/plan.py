@@ -19,7 +19,10 @@ def decode_plan(
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
     one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
     splits.TWO_CTA_COUNTS); else the arch's config for grids of several waves (many_wave_config) with the wave
-    model's split count. A given `num_splits` is kept, with a one-wave config only where it is that config's own
+    model's split count. On sm_90 in fp16/bf16 (where Gluon is there) that makes: at head_dim 128 the Gluon kernel
+    at one CTA per SM on one-wave grids it runs unsplit or splits 16+ ways, at two CTAs per SM on the one-wave
+    grids it would split 2-8 ways (with twice the splits) and on larger grids; at head_dim 64 the one-CTA Gluon
+    config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
     count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
     (for a call the Gluon kernel cannot run)."""
     table = table_for(device)
