@@ -207,6 +207,25 @@ def sdpa_calls(q, kv_heads, ctx, sets):
     ]
 
 
+def time_ms(fn):
+    """Median milliseconds of `fn` (triton.testing.do_bench): the prefill rows' timing."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def sdpa_prefill(q, k_all, v_all, out, scale):
+    """SDPA's peer of a fresh causal prefill: K/V contiguous [batch, heads, L, d], expanded to the query heads.
+    Returns (the relative error of `out`, ours on the same queries, against SDPA; a call running SDPA)."""
+    batch, length, kv_heads, head_dim = k_all.shape
+    q_heads = q.shape[1]
+    k = k_all.repeat_interleave(q_heads // kv_heads, 2).transpose(1, 2).contiguous()
+    v = v_all.repeat_interleave(q_heads // kv_heads, 2).transpose(1, 2).contiguous()
+    q4 = q.view(batch, length, q_heads, head_dim).transpose(1, 2).contiguous()
+    ref = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale).float()
+    mine = out.view(batch, length, q_heads, head_dim).transpose(1, 2).float()
+    rel_err = float((mine - ref).norm() / ref.norm())
+    return rel_err, lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale)
+
+
 def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     """Causal prefill of the last length - prefix tokens: the engine's path (the chunk's keys from its own rows,
     the prefix from pages) on the dispatch's kernel and, where that is the Gluon kernel, on the Triton kernel;
@@ -218,10 +237,6 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
     q_len, scale = length - prefix, head_dim**-0.5
     flops = 4 * batch * q_heads * head_dim * (q_len * prefix + q_len * q_len / 2)  # causal: half the new square
     args = (q, k_cache, v_cache, tables, cu, lens, scale, q_len)
-
-    def time_ms(fn):
-        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
     triton_config = config or table_for(device).prefill_config(head_dim, dtype)
 
     def ours():  # what the engine runs: the dispatch's choice (the warp-specialized kernel where it applies)
@@ -241,15 +256,9 @@ def bench_prefill(dtype, batch, length, device, config=None, prefix=0):
         row[f"{name}_tflops"] = flops / row[f"{name}_ms"] / 1e9
     mine = ours()
     row["rows_vs_pages_max_diff"] = float((mine.float() - pages().float()).abs().max())
-    if prefix == 0:  # SDPA: K/V contiguous [batch, heads, L, d], expanded to the query heads
-        k = k_all.repeat_interleave(q_heads // kv_heads, 2).transpose(1, 2).contiguous()
-        v = v_all.repeat_interleave(q_heads // kv_heads, 2).transpose(1, 2).contiguous()
-        q4 = q.view(batch, length, q_heads, head_dim).transpose(1, 2).contiguous()
-        ref = F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale).float()
-        mine = mine.view(batch, length, q_heads, head_dim).transpose(1, 2).float()
-        row["rel_err_vs_sdpa"] = float((mine - ref).norm() / ref.norm())
-        del ref
-        row["sdpa_ms"] = time_ms(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale))
+    if prefix == 0:
+        row["rel_err_vs_sdpa"], sdpa = sdpa_prefill(q, k_all, v_all, mine, scale)
+        row["sdpa_ms"] = time_ms(sdpa)
         row["sdpa_tflops"] = flops / row["sdpa_ms"] / 1e9
     return row
 
@@ -288,8 +297,8 @@ def main():
            "decode_deep_config": str(table.decode_deep_config(HEAD_DIM)),
            "decode_ws_config": str(table.decode_ws_config(HEAD_DIM)),
            "decode_ws_waves_config": str(table.decode_ws_config(HEAD_DIM, waves=True)),
-           "prefill_config": str(table.prefill_config(128)),
-           "prefill_ws_config": str(table.prefill_ws_config(128))}  # fmt: skip
+           "prefill_config": str(table.prefill_config(HEAD_DIM)),
+           "prefill_ws_config": str(table.prefill_ws_config(HEAD_DIM))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
     if args.tune and not args.prefill_only:
