@@ -65,13 +65,13 @@ def before_wait(ptx: str) -> dict:
 def gluon_decode_ptx(config, head_dim=128) -> str:
     from triton.runtime.jit import mangle_type
 
+    page = 16
     q = torch.empty(8, 32, head_dim, dtype=torch.float16)
-    cache = torch.empty(64, 16, 8, head_dim, dtype=torch.float16)
+    cache = torch.empty(64, page, 8, head_dim, dtype=torch.float16)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_N=config.block_n)
-    consts.update(STAGES=config.num_stages, PAGE=16)
-    consts.update(LANES=decode_ws.page_lanes(config, 16), DIRECT=False, PDL=True)
+    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
+                  PAGE=page, LANES=decode_ws.page_lanes(config, page), DIRECT=False, PDL=True)  # fmt: skip
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
 
 

@@ -16,11 +16,9 @@ def choose(batch, kv_heads, ctx, group=4, **hw):
     return splits.choose_num_splits(batch, kv_heads, group, ctx, 128, 2, **{**H200, **hw})
 
 
-def sm90_one_wave_configs():
-    """sm_90's configs at head_dim 128 that a grid of one wave can plan: (deep Triton, one-CTA Gluon, two-CTA
-    Gluon)."""
-    table = TABLES["sm_90"]
-    return table.decode_deep_config(128), table.decode_ws_config(128), table.decode_ws_config(128, waves=True)
+# sm_90's configs at head_dim 128 that a grid of one wave can plan: deep Triton, one-CTA Gluon, two-CTA Gluon
+DEEP, WS, WAVES = (TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128),
+                   TABLES["sm_90"].decode_ws_config(128, waves=True))  # fmt: skip
 
 
 def test_a_full_batch_is_not_split():
@@ -68,18 +66,12 @@ def test_decode_splits_reads_only_host_values():
     """The engine-facing helper: the context bound is the block table's width, the SM count the device's."""
     q, k_cache, tables = plan_inputs(2, 4096)  # meta tensors: 2 sequences, 8 KV heads, a table of 4096 tokens
     dev = sim_device((9, 0), sm_count=132)
-    cfg, deep = TABLES["sm_90"].decode_config(128), sm90_one_wave_configs()[0]
+    cfg = TABLES["sm_90"].decode_config(128)
     want = choose(2, 8, 4096, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
     assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
     dev114 = sim_device((9, 0), sm_count=114)  # not the 132 SMs the CPU interpreter plans with
     want114 = choose(2, 8, 4096, sm_count=114, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
     assert decode_splits(q, k_cache, tables, dev114, cfg) == want114 != want
-    # no config: the one-wave plan of 16 KV-head units on 132 SMs, at two CTAs per SM: the Gluon kernel's (its
-    # one-CTA config would split them 8 ways) or the deep Triton config's
-    assert splits.deep_splits(16, 4096, 132, 1) == 8 and splits.deep_splits(16, 4096, 132, 2) == 16
-    assert decode_plan(q, k_cache, tables, dev)[0] == 16
-    assert deep.ctas_per_sm == 2
-    assert decode_plan(q, k_cache, tables, dev, gluon=False) == (16, deep)
 
 
 def test_deep_pipeline_takes_a_one_wave_grid_of_long_splits():
@@ -88,6 +80,7 @@ def test_deep_pipeline_takes_a_one_wave_grid_of_long_splits():
     assert splits.deep_splits(8, 32768, 132, 2) == 32  # one sequence: 264 // 8 = 33, down to a power of two
     assert splits.deep_splits(8, 4096, 132, 2) == 32  # splits of 128 keys: two chunks each
     assert splits.deep_splits(1, 1 << 20, 132, 2) == splits.MAX_SPLITS
+    assert splits.deep_splits(16, 4096, 132, 1) == 8 and splits.deep_splits(16, 4096, 132, 2) == 16
 
 
 def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
@@ -106,8 +99,7 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     def plan(batch, ctx, dev, dtype=torch.float16, gluon=True):
         return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev, gluon=gluon)
 
-    table = TABLES["sm_90"]
-    deep, ws, waves = sm90_one_wave_configs()
+    table, deep, ws, waves = TABLES["sm_90"], DEEP, WS, WAVES
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
         assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
@@ -120,6 +112,11 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
         assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
+    # no config given, 16 KV-head units on 132 SMs: the one-wave plan at two CTAs per SM, the Gluon kernel's (its
+    # one-CTA config would split them 8 ways) or the deep Triton config's
+    assert plan(2, 4096, dev90)[0] == 16
+    assert deep.ctas_per_sm == 2
+    assert plan(2, 4096, dev90, gluon=False) == (16, deep)
     # the Triton configs (a Triton without Gluon, or a call the Gluon kernel cannot run)
     assert plan(32, 2048, dev90, gluon=False) == (1, deep)
     assert plan(1, 32768, dev90, gluon=False) == (32, deep)
@@ -172,8 +169,7 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
     Gluon is there); a given count runs the config it is the own count of, else the next one."""
     device = sim_device((9, 0), sm_count=8)
     q, k_cache, tables = plan_inputs(1, 70 * 16)
-    table = TABLES["sm_90"]
-    deep, ws, waves = sm90_one_wave_configs()
+    table, deep, ws, waves = TABLES["sm_90"], DEEP, WS, WAVES
     if decode_ws.available(device, 4, 16):
         assert decode_plan(q, k_cache, tables, device) == (1, ws)
         assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
@@ -188,7 +184,7 @@ def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
     """A call the Gluon kernel cannot run keeps its planned split count on the Triton kernel: the deep config
     where that count is the deep config's own one-wave count, else the arch's config."""
     sm90 = sim_device((9, 0), sm_count=132)
-    deep, shallow = sm90_one_wave_configs()[0], TABLES["sm_90"].decode_config(128)
+    deep, shallow = DEEP, TABLES["sm_90"].decode_config(128)
 
     def fallback(batch, ctx, splits):
         return triton_config(sm90, *plan_inputs(batch, ctx), splits)
