@@ -258,8 +258,6 @@ TABLES: dict[str, ArchTable] = {
         # L=2k-32k) it took 0.44-0.82 of the Triton kernel plan's time (16/8 B=64 L=2k 243 vs 335 us; 8/4 B=1 L=4k
         # 9.2 vs 13.4), and 0-3% less than a 3-stage ring (K/V 192 KB) everywhere but 4/1 B=1 L=32k (15.2 vs 14.4
         # us). Two stages also leave room for a query box of 64 columns (three stages for 32: decode_ws.smem_bytes).
-        # Not tuned: one sequence of 4/1 heads at L=4k runs 64 splits of 64 keys (7.0 us; 32 splits ran 6.2) - the
-        # one-wave rule wants 128 keys per split, and the wave model of several waves picks 64 for that 4 MB read.
         decode_ws={64: WD(128, 4, 1), 128: WD(64, 4, 1), 256: WD(64, 2, 1)},
         # at head_dim 128 the same kernel with a 2-stage ring (67-88 KB, and registers for two CTAs per SM) for the
         # grids beyond one wave of decode_ws (measured once the loader looked a group of tiles' pages up at once). On

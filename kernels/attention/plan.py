@@ -69,9 +69,12 @@ def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | WsDec
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
+    # the Gluon kernel's splits read at least DEEP_MIN_TOKENS keys (splits.py says why), the Triton kernel's a tile
+    shortest = split_model.DEEP_MIN_TOKENS if isinstance(config, WsDecodeConfig) else config.block_n
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
         _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
+        min(split_model.MAX_SPLITS, max(1, max_context // shortest)),
     )  # fmt: skip
 
 

@@ -19,7 +19,9 @@ The model (all inputs are host-known, so it runs under CUDA graph capture):
 and the choice is the split count of the least modelled time (the smallest on a tie). Compared with a fixed
 "fill the SMs once" rule (lmdeploy's GetSplitCount, SGLang's num_kv_splits)
 this accounts for the last partial wave, for CTAs that do not saturate memory on
-their own, and for the reduce's cost, and it never splits below BLOCK_N tokens.
+their own, and for the reduce's cost, and it never splits below BLOCK_N tokens
+(below DEEP_MIN_TOKENS on the sm_90 Gluon kernel: `plan.decode_splits`; the
+model prices a one-tile split's CTA too cheaply there, measured below).
 
 Context length: the engine passes `max_context` as the longest KV length of the
 batch it knows on the host (the scheduler has it). Under CUDA graph capture the
@@ -59,7 +61,13 @@ SAT_CTAS_PER_SM = 3  # CTAs per SM needed to saturate HBM with 3-stage decode pi
 T0_US = 1.0  # per-wave prologue/epilogue latency (block-table, q and seq_len loads; partial write)
 T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partials
 TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
-DEEP_MIN_TOKENS = 128  # keys a split must read for a one-wave config to pay (two 64-key tiles at head_dim 128)
+# Keys a split must read for a one-wave config to pay (two 64-key tiles at head_dim 128), and the shortest split the
+# wave model gives the Gluon kernel. The model alone split short contexts into 64-key splits there; at 128 keys or
+# more, on the H200 (2026-11-30, benchmarks/results/decode_short_context_NVIDIA_H200.md: fp16, 20 shapes whose count
+# that halves, heads 32/8, 28/4, 16/2, 32/32 at head_dim 128 and 4/1, 8/4, 16/8 at 256, B=1-8, L=256-4k) the decode
+# took 0.80-0.95 of the time (28/4 B=1 L=3k 5.68 against 6.85 us; Gemma 3's 4/1 B=1 L=4k 6.21 against 7.54), and the
+# count was the best of the sweep on 18 shapes, within 1.4% on the other two.
+DEEP_MIN_TOKENS = 128
 # One-wave counts of the one-CTA Gluon config (decode_ws) at which the two-CTA one (decode_ws_waves, twice the splits)
 # runs the grid instead. On the H200 (2026-11-30, swapped-operand consumer, fp16 head_dim 128, GQA 32/8 B=1-16 and
 # MHA B=1-4 at L=1k/4k/16k, each config at its own one-wave count): where the one-CTA config splits 2-8 ways the

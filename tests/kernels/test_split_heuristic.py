@@ -146,6 +146,24 @@ def test_decode_plan_of_a_grid_of_several_waves():
     assert decode_plan(*plan_inputs(40, 32768, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_config(64)
 
 
+def test_gluon_splits_read_two_tiles_at_least_beyond_one_wave_too():
+    """Where no one-wave config applies, the wave model's count on the Gluon kernel leaves every split
+    DEEP_MIN_TOKENS keys (the model alone gives it 64-key splits at short contexts); the Triton kernel's splits
+    keep their floor of one tile."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    assert splits.DEEP_MIN_TOKENS == 128
+    if decode_ws.available(sm90, 4, 16):
+        assert decode_plan(*plan_inputs(1, 3072, 28, 4), sm90) == (24, WAVES)  # the model alone: 48 splits
+        assert decode_plan(*plan_inputs(1, 1024), sm90) == (8, WAVES)  # 16
+        ws256 = TABLES["sm_90"].decode_ws_config(256)
+        assert decode_plan(*plan_inputs(1, 4096, 4, 1, 256), sm90) == (32, ws256)  # Gemma 3's heads: 64
+        for q_heads, kv_heads, head_dim in ((32, 8, 128), (28, 4, 128), (16, 2, 128), (4, 1, 256)):
+            for ctx in range(256, 8193, 256):
+                count, config = decode_plan(*plan_inputs(1, ctx, q_heads, kv_heads, head_dim), sm90)
+                assert count * splits.DEEP_MIN_TOKENS <= ctx or count == 1, (q_heads, ctx, count, config)
+    assert decode_plan(*plan_inputs(1, 3072, 28, 4), sm90, gluon=False)[0] == 48  # 64-key splits
+
+
 def test_head_dim_256_plans_its_one_gluon_config_for_every_grid():
     """Gemma 3's head_dim on sm_90: one Gluon config at one CTA per SM for one-wave grids and beyond (no two-CTA
     config to give way to at TWO_CTA_COUNTS); fp32 plans the Triton config."""

@@ -1,0 +1,31 @@
+"""The short-context decode benchmark's report and its one-tile baseline (GPU-free)."""
+
+from benchmarks.decode_short_context import markdown, one_tile_count
+from kernels.attention import plan, splits
+from kernels.attention.configs import TABLES
+from tests.kernels.attention_helpers import plan_inputs, sim_device
+
+
+def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():
+    row = {"q_heads": 28, "kv_heads": 4, "head_dim": 128, "batch": 1, "ctx": 3072, "kv_mb": 6.0,
+           "config": "WsDecodeConfig(block_n=64, num_stages=2, ctas_per_sm=2)", "splits": 24, "plan_us": 5.5,
+           "one_tile_splits": 48, "one_tile_us": 6.6, "best_fixed_splits": 24, "best_fixed_us": 5.5,
+           "sdpa_us": 11.0, "sweep_us": {"24": 5.5, "48": 6.6}}  # fmt: skip
+    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "rounds": 3, "rows": [row]}
+    lines = markdown(res).splitlines()
+    assert lines[0] == "# Decode at short contexts on GPU"
+    header = next(i for i, line in enumerate(lines) if line.startswith("| heads |"))
+    columns = lines[header].count("|")
+    assert lines[header + 1] == "|" + "---|" * (columns - 1) and lines[header + 2].count("|") == columns
+    assert lines[header + 2] == (
+        "| 28/4 | 128 | 1 | 3072 | 6.0 | gluon(block_n=64, num_stages=2, ctas_per_sm=2) | 24 | 5.50 | 48 | 6.60 "
+        "| 0.833 | 5.50 (24) | 1.000 | 11.00 | 2.00x |"
+    )
+
+
+def test_one_tile_count_is_the_wave_models_count_without_the_gluon_floor():
+    sm90 = sim_device((9, 0), sm_count=132)
+    q, k_cache, tables = plan_inputs(1, 3072, 28, 4)
+    waves = TABLES["sm_90"].decode_ws_config(128, waves=True)
+    assert one_tile_count(q, k_cache, tables, sm90, waves) == 48
+    assert plan.decode_splits(q, k_cache, tables, sm90, waves) == 24 == 3072 // splits.DEEP_MIN_TOKENS
