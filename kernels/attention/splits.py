@@ -20,8 +20,8 @@ and the choice is the split count of the least modelled time (the smallest on a 
 "fill the SMs once" rule (lmdeploy's GetSplitCount, SGLang's num_kv_splits)
 this accounts for the last partial wave, for CTAs that do not saturate memory on
 their own, and for the reduce's cost, and it never splits below BLOCK_N tokens
-(below DEEP_MIN_TOKENS on the sm_90 Gluon kernel: `plan.decode_splits`; the
-model prices a one-tile split's CTA too cheaply there, measured below).
+(below DEEP_MIN_TOKENS on the sm_90 Gluon kernel, where 64-key splits measured
+slower than the model has them: `plan.decode_splits`, and DEEP_MIN_TOKENS below).
 
 Context length: the engine passes `max_context` as the longest KV length of the
 batch it knows on the host (the scheduler has it). Under CUDA graph capture the

@@ -147,8 +147,8 @@ def test_decode_plan_of_a_grid_of_several_waves():
 
 
 def test_gluon_splits_read_two_tiles_at_least_beyond_one_wave_too():
-    """Where no one-wave config applies, the wave model's count on the Gluon kernel leaves every split
-    DEEP_MIN_TOKENS keys (the model alone gives it 64-key splits at short contexts); the Triton kernel's splits
+    """Where no one-wave config applies, the wave model's count on the Gluon kernel leaves every split at
+    least DEEP_MIN_TOKENS keys (the model alone gives it 64-key splits at short contexts); the Triton kernel's splits
     keep their floor of one tile."""
     sm90 = sim_device((9, 0), sm_count=132)
     assert splits.DEEP_MIN_TOKENS == 128
