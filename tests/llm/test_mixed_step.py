@@ -11,6 +11,7 @@ from kernels import settings
 from llm.engine.context import AttentionMetadata, use_context
 from llm.engine.transfer import padded_rows
 from llm.layers.attention import Attention
+from tests.kernels.attention_helpers import DEV
 
 
 def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: int):
@@ -18,7 +19,7 @@ def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: in
     heads, kv_heads, dim, bs, blocks = 4, 2, 32, 4, 64
     attn = Attention(heads, dim, dim**-0.5, kv_heads, sliding_window=window)
     shape = (blocks, bs, kv_heads, dim)
-    attn.kv_cache = (torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+    attn.kv_cache = (torch.randn(shape, generator=g).to(DEV), torch.randn(shape, generator=g).to(DEV))
     order = torch.randperm(blocks, generator=g).tolist()
     decode_lens = torch.randint(1, 20, (num_decodes,), generator=g).tolist()
     # decodes bring 1 token after a cached context; prefills bring their prompt after a cached prefix
@@ -31,15 +32,13 @@ def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: in
         slots += [table[p // bs] * bs + p % bs for p in range(n - q_len, n)]
         cu.append(cu[-1] + q_len)
     tokens = cu[-1]
-    q = torch.randn(tokens, heads, dim, generator=g)
-    k = torch.randn(tokens, kv_heads, dim, generator=g)
-    v = torch.randn(tokens, kv_heads, dim, generator=g)
+    q, k, v = (torch.randn(tokens, h, dim, generator=g).to(DEV) for h in (heads, kv_heads, kv_heads))
     meta = AttentionMetadata(
         is_prefill=True,
-        slot_mapping=torch.tensor(slots),
-        block_tables=torch.from_numpy(padded_rows(tables)),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, device=DEV),
+        block_tables=torch.from_numpy(padded_rows(tables)).to(DEV),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV),
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=DEV),
         max_seqlen_q=max(q_lens),
         max_seqlen_k=max(seq_lens),
         num_decode_seqs=num_decodes,
