@@ -28,7 +28,7 @@ import triton
 
 from benchmarks.attention_report import config_name, markdown, targets
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
-from benchmarks.report import result_stem, save_results, versions
+from benchmarks.report import device_header, result_stem, save_results
 from kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
@@ -292,7 +292,7 @@ def main():
     args = parser.parse_args()
     device = get_device_info()
     table = table_for(device)
-    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(),
+    res = {**device_header(device),
            "decode_config": str(table.decode_config(HEAD_DIM)),
            "decode_deep_config": str(table.decode_deep_config(HEAD_DIM)),
            "decode_ws_config": str(table.decode_ws_config(HEAD_DIM)),

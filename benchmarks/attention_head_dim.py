@@ -29,7 +29,7 @@ import torch
 from benchmarks.attention import decode_calls, decode_inputs, prefill_inputs, sdpa_calls, sdpa_prefill, time_ms
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
-from benchmarks.report import result_stem, save_results, versions, versions_line
+from benchmarks.report import device_header, result_stem, save_results, versions_line
 from kernels.attention import plan, prefill
 from kernels.attention.configs import table_for
 from kernels.device import get_device_info
@@ -134,8 +134,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     device = get_device_info()
-    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(),
-           "head_dim": args.head_dim, "copy_gbs": copy_bandwidth_gbs(), "decode": [], "prefill": []}  # fmt: skip
+    res = {**device_header(device), "head_dim": args.head_dim, "copy_gbs": copy_bandwidth_gbs(), "decode": [],
+           "prefill": []}  # fmt: skip
     for dtype in (torch.float16, torch.bfloat16):
         for q_heads, kv_heads in HEADS:
             for batch, ctx in SHAPES:

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import result_stem, save_results, versions, versions_line
+from benchmarks.report import device_header, result_stem, save_results, versions_line
 from kernels.attention import decode, decode_ws, splits
 from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
@@ -132,8 +132,7 @@ def main() -> None:
     if config is None or not decode_ws.available(device, Q_HEADS // KV_HEADS, PAGE):
         raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
     pdl = dependent_launch(device)
-    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(), "pdl": pdl,
-           "rows": []}  # fmt: skip
+    res = {**device_header(device), "pdl": pdl, "rows": []}
     for length in LENGTHS:
         res["rows"].append(bench_length(length, device, config, pdl))
         torch.cuda.empty_cache()

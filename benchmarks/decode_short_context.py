@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import result_stem, save_results, versions, versions_line
+from benchmarks.report import device_header, result_stem, save_results, versions_line
 from kernels.attention import decode_ws, plan, splits
 from kernels.attention.configs import table_for
 from kernels.device import get_device_info
@@ -99,8 +99,7 @@ def main() -> None:
     device = get_device_info()
     if not decode_ws.available(device, 4, PAGE):
         raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
-    res = {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions(), "rounds": ROUNDS,
-           "rows": []}  # fmt: skip
+    res = {**device_header(device), "rounds": ROUNDS, "rows": []}
     for shape in SHAPES:
         row = bench_shape(*shape, device)
         res["rows"].append(row)

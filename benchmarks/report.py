@@ -24,6 +24,12 @@ def versions(transformers: bool = False) -> dict:
     return res
 
 
+def device_header(device) -> dict:
+    """What a kernel benchmark's result starts with: the device (a DeviceInfo: name, arch, SM count), then
+    `versions`."""
+    return {"device": device.name, "arch": device.arch, "sm_count": device.sm_count, **versions()}
+
+
 def versions_line(res: dict) -> str:
     """The Markdown header line of what `versions` recorded in a result: the date, then the versions."""
     names = ["torch", "triton", "transformers", "python"]

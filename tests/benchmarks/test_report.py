@@ -3,7 +3,7 @@
 import json
 import os
 
-from benchmarks.report import result_stem, save_results
+from benchmarks.report import device_header, result_stem, save_results
 
 
 def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
@@ -12,3 +12,12 @@ def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
     save_results(stem, {"device": "NVIDIA H200"}, lambda res: f"# {res['device']}\n")
     assert json.loads((tmp_path / "results" / "decode_floor_NVIDIA_H200.json").read_text()) == {"device": "NVIDIA H200"}
     assert (tmp_path / "results" / "decode_floor_NVIDIA_H200.md").read_text() == "# NVIDIA H200\n"
+
+
+def test_a_kernel_benchmark_result_starts_with_the_device_and_the_versions():
+    from kernels.device import DeviceInfo, TritonMode
+
+    device = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 227 << 10, 141 << 30, True, TritonMode.COMPILED)
+    header = device_header(device)
+    assert (header["device"], header["arch"], header["sm_count"]) == ("NVIDIA H200", "sm_90", 132)
+    assert {"date", "torch", "triton", "python"} <= header.keys()
