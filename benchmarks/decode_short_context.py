@@ -26,7 +26,6 @@ from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, sdpa_
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import device_header, result_stem, save_results, versions_line
 from kernels.attention import decode_ws, plan, splits
-from kernels.attention.configs import table_for
 from kernels.device import get_device_info
 
 SHAPES = [  # (q_heads, kv_heads, head_dim, batch, context)
@@ -41,12 +40,7 @@ ROUNDS = 3
 
 def one_tile_count(q, k_cache, block_tables, device, config) -> int:
     """The wave model's count for `config` with splits down to one tile (plan.decode_splits without its floor)."""
-    batch, q_heads, head_dim = q.shape
-    kv_heads, ctx = k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1]
-    return splits.choose_num_splits(
-        batch, kv_heads, q_heads // kv_heads, ctx, head_dim, q.element_size(), device.sm_count, config.ctas_per_sm,
-        config.block_n, table_for(device).bandwidth_gbs,
-    )  # fmt: skip
+    return plan.decode_splits(q, k_cache, block_tables, device, config, max_splits=splits.MAX_SPLITS)
 
 
 def bench_shape(q_heads, kv_heads, head_dim, batch, ctx, device) -> dict:

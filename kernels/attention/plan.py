@@ -64,17 +64,22 @@ def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | Ws
     return (table.decode_ws_config(head_dim, dtype, waves=True) if ws else None) or table.decode_config(head_dim, dtype)
 
 
-def decode_splits(q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig) -> int:
-    """The wave model's split count for a decode call on `config` (splits.choose_num_splits)."""
+def decode_splits(
+    q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig, max_splits: int | None = None
+) -> int:
+    """The wave model's split count for a decode call on `config` (splits.choose_num_splits), at most `max_splits`:
+    by default, on the Gluon kernel, as many as still read DEEP_MIN_TOKENS keys each (splits.py says why); the
+    wave model itself stops at splits of one tile."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
-    # the Gluon kernel's splits read at least DEEP_MIN_TOKENS keys (splits.py says why), the Triton kernel's a tile
-    shortest = split_model.DEEP_MIN_TOKENS if isinstance(config, WsDecodeConfig) else config.block_n
+    if max_splits is None:
+        gluon = isinstance(config, WsDecodeConfig)
+        max_splits = max(1, max_context // split_model.DEEP_MIN_TOKENS) if gluon else split_model.MAX_SPLITS
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
         _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
-        min(split_model.MAX_SPLITS, max(1, max_context // shortest)),
+        min(split_model.MAX_SPLITS, max_splits),
     )  # fmt: skip
 
 

@@ -1,7 +1,6 @@
 """The short-context decode benchmark's report and its one-tile baseline (GPU-free)."""
 
 from benchmarks.decode_short_context import markdown, one_tile_count
-from kernels.attention import plan, splits
 from kernels.attention.configs import TABLES
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
@@ -28,4 +27,3 @@ def test_one_tile_count_is_the_wave_models_count_without_the_gluon_floor():
     q, k_cache, tables = plan_inputs(1, 3072, 28, 4)
     waves = TABLES["sm_90"].decode_ws_config(128, waves=True)
     assert one_tile_count(q, k_cache, tables, sm90, waves) == 48
-    assert plan.decode_splits(q, k_cache, tables, sm90, waves) == 24 == 3072 // splits.DEEP_MIN_TOKENS

@@ -69,6 +69,10 @@ def test_decode_splits_reads_only_host_values():
     cfg = TABLES["sm_90"].decode_config(128)
     want = choose(2, 8, 4096, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
     assert decode_splits(q, k_cache, tables, dev, cfg) == want > 1  # a given config: the wave model's count
+    for ctx in (144, 272):  # not a whole number of tiles: the model's own count, its last split a partial tile
+        q_short, k_short, tables_short = plan_inputs(1, ctx)
+        short = choose(1, 8, ctx, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
+        assert decode_splits(q_short, k_short, tables_short, dev, cfg) == short == -(-ctx // cfg.block_n)
     dev114 = sim_device((9, 0), sm_count=114)  # not the 132 SMs the CPU interpreter plans with
     want114 = choose(2, 8, 4096, sm_count=114, ctas_per_sm=cfg.ctas_per_sm, block_n=cfg.block_n)
     assert decode_splits(q, k_cache, tables, dev114, cfg) == want114 != want
@@ -162,6 +166,7 @@ def test_gluon_splits_read_two_tiles_at_least_beyond_one_wave_too():
                 count, config = decode_plan(*plan_inputs(1, ctx, q_heads, kv_heads, head_dim), sm90)
                 assert count * splits.DEEP_MIN_TOKENS <= ctx or count == 1, (q_heads, ctx, count, config)
     assert decode_plan(*plan_inputs(1, 3072, 28, 4), sm90, gluon=False)[0] == 48  # 64-key splits
+    assert decode_splits(*plan_inputs(1, 3072, 28, 4), sm90, WAVES) == 3072 // splits.DEEP_MIN_TOKENS  # a given config
 
 
 def test_head_dim_256_plans_its_one_gluon_config_for_every_grid():
