@@ -44,6 +44,15 @@ L2_DEFEAT = 256 << 20
 HEAD_DIM = 128  # of the decode grid and the prefill rows (attention_head_dim.py runs others)
 
 
+def gluon_decode_device(group: int):
+    """This machine's DeviceInfo, or SystemExit where the sm_90 Gluon decode kernel cannot take query groups of
+    `group` on pages of PAGE (the benchmarks that measure that kernel alone)."""
+    device = get_device_info()
+    if not decode_ws.available(device, group, PAGE):
+        raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
+    return device
+
+
 def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM):
     kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
     sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))

@@ -27,13 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, sdpa_calls
+from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import device_header, result_stem, save_results, versions_line
 from kernels.attention import decode, decode_ws, splits
 from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
-from kernels.device import get_device_info
 
 Q_HEADS, KV_HEADS = 32, 8  # on the attention benchmark's decode inputs (HEAD_DIM, pages of PAGE)
 LENGTHS = (1024, 4096, 16384)
@@ -127,10 +126,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    device = get_device_info()
+    device = gluon_decode_device(Q_HEADS // KV_HEADS)
     config = table_for(device).decode_ws_config(HEAD_DIM, torch.float16)
-    if config is None or not decode_ws.available(device, Q_HEADS // KV_HEADS, PAGE):
-        raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
     pdl = dependent_launch(device)
     res = {**device_header(device), "pdl": pdl, "rows": []}
     for length in LENGTHS:

@@ -22,11 +22,10 @@ import argparse
 
 import torch
 
-from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, sdpa_calls
+from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import device_header, result_stem, save_results, versions_line
-from kernels.attention import decode_ws, plan, splits
-from kernels.device import get_device_info
+from kernels.attention import plan, splits
 
 SHAPES = [  # (q_heads, kv_heads, head_dim, batch, context)
     (32, 8, 128, 1, 512), (32, 8, 128, 1, 1024), (32, 8, 128, 1, 1536), (32, 8, 128, 2, 512),
@@ -90,9 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    device = get_device_info()
-    if not decode_ws.available(device, 4, PAGE):
-        raise SystemExit("needs the sm_90 Gluon decode kernel (an sm_90 GPU and a Triton with Gluon)")
+    device = gluon_decode_device(group=4)
     res = {**device_header(device), "rounds": ROUNDS, "rows": []}
     for shape in SHAPES:
         row = bench_shape(*shape, device)
