@@ -248,7 +248,8 @@ TABLES: dict[str, ArchTable] = {
         # causal), 0.77-1.07x SDPA; with or without pingpong within 1%.
         prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2)},
-        # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM, 4 stages. On the H200
+        # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
+        # below; plan.decode_plan says which config takes which grid). On the H200
         # (2026-11-30; one-wave shapes x tiles x stages x splits for 1-2 CTAs per SM): at head_dim 128, 64-key tiles
         # (131 KB) never slower than the deep Triton plan, 3-19% less time on the latency-bound shapes (B=1 and B=8
         # at L=4k); at head_dim 64, 128-key tiles (131 KB) 6-14% less time than the Triton kernel's plan on all 14
@@ -263,14 +264,13 @@ TABLES: dict[str, ArchTable] = {
         # grids beyond one wave of decode_ws (measured once the loader looked a group of tiles' pages up at once). On
         # the H200 (2026-11-30, the 16 fp16 decode shapes, best split each): 0.3-2.1% less time than the Triton plan
         # on 8 of the 9 grids of more than 132 (sequence, KV head) units (32/32 B=32 L=2k 237.9 vs 241.8 us, 32/8
-        # B=32 L=2k 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also takes
-        # the one-wave grids decode_ws would split 2-8 ways (splits.TWO_CTA_COUNTS says by how much; on the other
-        # one-wave grids the one-CTA config stays ahead). At head_dim 64 (H200, 2026-11-30,
+        # B=32 L=2k 64.1 vs 65.4), 0.8% more at 32/8 B=128 L=512. Since the swapped-operand consumer it also ran
+        # most one-wave grids decode_ws would split 2-8 ways faster (splits.TWO_CTA_COUNTS says by how much; on the
+        # other one-wave grids the one-CTA config stays ahead). At head_dim 64 (H200, 2026-11-30,
         # fp16, 7 grids beyond one wave: heads 14/2, 32/8, 32/4, B=32-256, L=512-4k) the kernel at two CTAs per SM
         # (128-key tiles, 2 stages; 3 stages and 64-key tiles no better) ran from 3.4% less time than the Triton
         # plan (14/2 B=128 L=2k 34.4 vs 35.6 us) to 4.2% more (32/8 B=128 L=512 39.4 vs 37.8): the Triton
         # configs stay there.
-        # At head_dim 256 the one-CTA config above takes these grids too.
         decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%

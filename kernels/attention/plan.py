@@ -18,13 +18,16 @@ def decode_plan(
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
     one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
-    splits.TWO_CTA_COUNTS); else the arch's config for grids of several waves (many_wave_config) with the wave
-    model's split count. On sm_90 in fp16/bf16 (where Gluon is there) that makes: at head_dim 128 the Gluon kernel
-    at one CTA per SM on one-wave grids it runs unsplit or splits 16+ ways, at two CTAs per SM on the one-wave
-    grids it would split 2-8 ways (with twice the splits) and on larger grids; at head_dim 64 the one-CTA Gluon
-    config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
-    count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
-    (for a call the Gluon kernel cannot run)."""
+    splits.TWO_CTA_COUNTS where the two-CTA config fits the grid in one wave too, its splits reading
+    DEEP_MIN_TOKENS keys); else the arch's config for grids of several waves (many_wave_config) with the wave
+    model's split count (decode_splits). On sm_90 in fp16/bf16 (where Gluon is there) that makes: at head_dim 128 the Gluon kernel
+    at one CTA per SM on one-wave grids it runs unsplit or splits 16+ ways (or 2-8 ways where twice the splits would
+    read under DEEP_MIN_TOKENS keys), at two CTAs per SM on the other one-wave grids it would split 2-8 ways (with
+    twice the splits) and on larger grids; at head_dim 64 the one-CTA Gluon
+    config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon config on every grid. A given
+    `num_splits` is kept, with a one-wave config only where it is that config's own count (the engine passes the
+    config it planned with too: `config=`). gluon=False plans the Triton configs only (for a call the Gluon kernel
+    cannot run)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -51,8 +54,8 @@ def decode_plan(
 def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
-    then its config for larger grids (decode_ws_waves: at head_dim 128 two CTAs per SM, and it also takes the grids
-    the one-CTA config would split 2-8 ways; at 256 the same config, listed once); then the deep Triton config."""
+    then its config for larger grids (decode_ws_waves: at head_dim 128 two CTAs per SM; at 256 the same config,
+    listed once); then the deep Triton config. decode_plan says which takes which grid."""
     gluon = [table.decode_ws_config(head_dim, dtype, waves) for waves in (False, True)] if ws else []
     configs = gluon + [table.decode_deep_config(head_dim, dtype)]
     return list(dict.fromkeys(c for c in configs if c is not None))

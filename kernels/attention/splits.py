@@ -31,11 +31,10 @@ each sequence's own length (read on the device) among that many splits, so a
 too-large count costs only some empty CTAs, never correctness.
 
 A second, simpler rule picks a one-wave config (the arch's `decode_ws` Gluon
-kernel, one CTA per SM, then `decode_ws_waves`, the same kernel at two where it
-has such a config (head_dim 128), or its `decode_deep` Triton config: more K/V
-tiles loaded ahead per CTA, so fewer CTAs per SM) when the whole grid fits one wave
-of it (but the one-CTA Gluon config gives the grids it would split TWO_CTA_COUNTS
-ways to the two-CTA one, measured below):
+kernel, `decode_ws_waves` or its `decode_deep` Triton config: more K/V tiles
+loaded ahead per CTA, so fewer CTAs per SM; plan.decode_plan says which takes
+which grid, TWO_CTA_COUNTS below the measurement behind it) when the whole grid
+fits one wave of it:
 with units = batch * kv_heads <= slots = sm_count * ctas_per_sm, the split count
 is the largest power of two <= slots // units (a power of two keeps every
 split's tiles whole and the reduce's tile tight: 33 splits of 32k keys ran 3%
@@ -45,8 +44,7 @@ DEEP_MIN_TOKENS keys. Measured on the H200 for the deep config
 shallow config's best split where it applies (B=32 L=2k, 8 KV heads: 65.1 vs
 69.7 us; B=1 L=4k: 12.5 vs 12.8), while grids of several waves and splits of
 one chunk keep the shallow config (64-key splits: 15.0 us deep vs 13.2). Grids
-of several waves take `decode_ws_waves` where the arch has it (sm_90, head_dim
-128 and 256), else the shallow config, with the wave model's count for that config.
+of several waves take the wave model's count for their config (plan.decode_plan).
 """
 
 from __future__ import annotations
