@@ -1,6 +1,7 @@
 """The head_dim-256 attention benchmark's report (GPU-free)."""
 
 from benchmarks.attention_head_dim import markdown
+from tests.benchmarks.tables import assert_table
 
 
 def test_markdown_reports_decode_and_prefill_against_triton_and_sdpa():
@@ -20,10 +21,8 @@ def test_markdown_reports_decode_and_prefill_against_triton_and_sdpa():
     decode_header = lines.index("## Decode (CUDA-graph replays, L2 defeated)") + 2
     prefill_header = lines.index("## Prefill (fresh sequences, causal; a window of 1024 where named)") + 2
     assert decode_header < prefill_header
-    for header, rows in ((decode_header, 1), (prefill_header, 2)):
-        columns = lines[header].count("|")
-        assert lines[header + 1] == "|" + "---|" * (columns - 1)
-        assert all(line.count("|") == columns for line in lines[header + 2 : header + 2 + rows])
+    assert_table(lines, decode_header, 1)
+    assert_table(lines, prefill_header, 2)
     assert "| plan us | Triton plan (config, splits) | Triton us | SDPA us | plan / Triton |" in lines[decode_header]
     assert "| ours TFLOP/s | Triton TFLOP/s | SDPA TFLOP/s | ours / Triton | ours / SDPA |" in lines[prefill_header]
     # 32 MB in 8 us against 4000 GB/s: 32 * 2**20 / 8 / 4e3 = 1.05

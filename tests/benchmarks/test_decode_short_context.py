@@ -2,6 +2,7 @@
 
 from benchmarks.decode_short_context import markdown, one_tile_count
 from kernels.attention.configs import TABLES
+from tests.benchmarks.tables import assert_table
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 
@@ -14,8 +15,7 @@ def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():
     lines = markdown(res).splitlines()
     assert lines[0] == "# Decode at short contexts on GPU"
     header = next(i for i, line in enumerate(lines) if line.startswith("| heads |"))
-    columns = lines[header].count("|")
-    assert lines[header + 1] == "|" + "---|" * (columns - 1) and lines[header + 2].count("|") == columns
+    assert_table(lines, header, 1)
     assert lines[header + 2] == (
         "| 28/4 | 128 | 1 | 3072 | 6.0 | gluon(block_n=64, num_stages=2, ctas_per_sm=2) | 24 | 5.50 | 48 | 6.60 "
         "| 0.833 | 5.50 (24) | 1.000 | 11.00 | 2.00x |"

@@ -82,8 +82,8 @@ def test_decode_sm90_shallow_and_deep_configs_run_here(head_dim):
 
 
 def test_a_one_wave_grid_runs_its_planned_config():
-    """One sequence's KV heads on as many SMs: the plan's one-wave config (test_split_heuristic says which),
-    on an sm_90 GPU through the kernel planned, computes the right thing."""
+    """One sequence's KV heads on as many SMs: the plan's one-wave config computes the right thing (on a GPU the
+    case test_split_heuristic plans, with its KV_HEADS; on an sm_90 GPU through the kernel planned)."""
     device = sim_device((9, 0), sm_count=KV_HEADS)  # one CTA per SM with one split
     out, ref = _run(4, 128, torch.float16, None, 16, device=device, lens=[1100])
     assert_close(out, ref, torch.float16)

@@ -103,27 +103,27 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     def plan(batch, ctx, dev, dtype=torch.float16, gluon=True):
         return decode_plan(*plan_inputs(batch, ctx, dtype=dtype), dev, gluon=gluon)
 
-    table, deep, ws, waves = TABLES["sm_90"], DEEP, WS, WAVES
+    table = TABLES["sm_90"]
     if decode_ws.available(dev90, 4, 16):
-        assert plan(32, 2048, dev90) == (1, waves)  # 256 units: one wave of two CTAs per SM, not of one
-        assert plan(1, 32768, dev90) == (16, ws)  # 8 units: one wave of the Gluon kernel's one CTA per SM
-        assert plan(1, 32768, dev90, torch.bfloat16) == (16, ws)
-        assert plan(1, 2048, dev90) == (16, ws)  # 128 keys per split (at two CTAs per SM 32 would read 64)
+        assert plan(32, 2048, dev90) == (1, WAVES)  # 256 units: one wave of two CTAs per SM, not of one
+        assert plan(1, 32768, dev90) == (16, WS)  # 8 units: one wave of the Gluon kernel's one CTA per SM
+        assert plan(1, 32768, dev90, torch.bfloat16) == (16, WS)
+        assert plan(1, 2048, dev90) == (16, WS)  # 128 keys per split (at two CTAs per SM 32 would read 64)
         # grids the one-CTA config would split 2-8 ways: two CTAs per SM, twice the splits
-        assert plan(2, 32768, dev90) == (16, waves)  # 16 units
-        assert plan(4, 32768, dev90) == (8, waves)  # 32 units
-        assert plan(8, 4096, dev90) == (4, waves)  # 64 units
-        assert plan(16, 4096, dev90) == (1, ws)  # 128 units: unsplit at one CTA per SM
+        assert plan(2, 32768, dev90) == (16, WAVES)  # 16 units
+        assert plan(4, 32768, dev90) == (8, WAVES)  # 32 units
+        assert plan(8, 4096, dev90) == (4, WAVES)  # 64 units
+        assert plan(16, 4096, dev90) == (1, WS)  # 128 units: unsplit at one CTA per SM
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
     # no config given, 16 KV-head units on 132 SMs: the one-wave plan at two CTAs per SM, the Gluon kernel's (its
     # one-CTA config would split them 8 ways) or the deep Triton config's
     assert plan(2, 4096, dev90)[0] == 16
-    assert deep.ctas_per_sm == 2
-    assert plan(2, 4096, dev90, gluon=False) == (16, deep)
+    assert DEEP.ctas_per_sm == 2
+    assert plan(2, 4096, dev90, gluon=False) == (16, DEEP)
     # the Triton configs (a Triton without Gluon, or a call the Gluon kernel cannot run)
-    assert plan(32, 2048, dev90, gluon=False) == (1, deep)
-    assert plan(1, 32768, dev90, gluon=False) == (32, deep)
+    assert plan(32, 2048, dev90, gluon=False) == (1, DEEP)
+    assert plan(1, 32768, dev90, gluon=False) == (32, DEEP)
     assert plan(1, 32768, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
@@ -135,12 +135,12 @@ def test_decode_plan_of_a_grid_of_several_waves():
     config, each with the wave model's split count for that config (head_dim 256: the next test)."""
     sm90, sm80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
     inputs = plan_inputs(40, 32768)  # 40 sequences of 32k keys, 8 KV heads: 320 units
-    waves, triton = TABLES["sm_90"].decode_ws_config(128, waves=True), TABLES["sm_90"].decode_config(128)
+    triton = TABLES["sm_90"].decode_config(128)
     # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
     if decode_ws.available(sm90, 4, 16):
-        assert decode_plan(*inputs, sm90) == (9, waves)
-        assert decode_plan(*plan_inputs(128, 512), sm90)[1] == waves  # 1024 units
-        assert decode_plan(*plan_inputs(1, 1024), sm90)[1] == waves  # 8 units, splits too short for one wave
+        assert decode_plan(*inputs, sm90) == (9, WAVES)
+        assert decode_plan(*plan_inputs(128, 512), sm90)[1] == WAVES  # 1024 units
+        assert decode_plan(*plan_inputs(1, 1024), sm90)[1] == WAVES  # 8 units, splits too short for one wave
     assert decode_plan(*inputs, sm90, gluon=False) == (3, triton)
     assert decode_plan(*plan_inputs(128, 512), sm90, gluon=False)[1] == triton
     assert decode_plan(*plan_inputs(1, 1024), sm90, gluon=False)[1] == triton
@@ -190,17 +190,17 @@ def test_head_dim_256_plans_its_one_gluon_config_for_every_grid():
 def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own():
     """One sequence's 8 KV heads on 8 SMs: one CTA per SM with one split runs the one-CTA Gluon config (where
     Gluon is there); a given count runs the config it is the own count of, else the next one."""
+    # test_decode_attention's one-wave case on a GPU: its 8 KV heads on 8 SMs, make_paged's 70 pages for 1100 tokens
     device = sim_device((9, 0), sm_count=8)
     q, k_cache, tables = plan_inputs(1, 70 * 16)
-    table, deep, ws, waves = TABLES["sm_90"], DEEP, WS, WAVES
     if decode_ws.available(device, 4, 16):
-        assert decode_plan(q, k_cache, tables, device) == (1, ws)
-        assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, ws)  # the plan's own count: same
-        assert decode_plan(q, k_cache, tables, device, num_splits=2) == (2, waves)  # two CTAs per SM
-        assert decode_plan(q, k_cache, tables, device, num_splits=4) == (4, waves)  # two waves of it
-    assert decode_plan(q, k_cache, tables, device, gluon=False) == (2, deep)
-    assert decode_plan(q, k_cache, tables, device, 2, gluon=False) == (2, deep)  # deep's own count
-    assert decode_plan(q, k_cache, tables, device, 4, gluon=False) == (4, table.decode_config(128))
+        assert decode_plan(q, k_cache, tables, device) == (1, WS)
+        assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, WS)  # the plan's own count: same
+        assert decode_plan(q, k_cache, tables, device, num_splits=2) == (2, WAVES)  # two CTAs per SM
+        assert decode_plan(q, k_cache, tables, device, num_splits=4) == (4, WAVES)  # two waves of it
+    assert decode_plan(q, k_cache, tables, device, gluon=False) == (2, DEEP)
+    assert decode_plan(q, k_cache, tables, device, 2, gluon=False) == (2, DEEP)  # deep's own count
+    assert decode_plan(q, k_cache, tables, device, 4, gluon=False) == (4, TABLES["sm_90"].decode_config(128))
 
 
 def test_the_fallback_takes_the_deep_triton_config_where_the_count_is_its_own():
