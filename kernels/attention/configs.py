@@ -76,6 +76,9 @@ class WsPrefillConfig:
     block_n: int  # KV tokens per tile
     num_stages: int  # K/V tiles in the loader's ring
     pingpong: bool = True  # the consumers take turns issuing their matrix products
+    # release a stage's K once its QK product completes (else K and V together, after PV): prefill_ws.py says where
+    # it pays
+    early_k_release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,9 +248,10 @@ TABLES: dict[str, ArchTable] = {
         # (Gemma 3) 64-key tiles in a 2-stage ring (Q 64 KB + 2 x 64 KB), the only multi-stage ring that fits: on
         # the H200 (2026-11-30, benchmarks/attention_head_dim.py: bf16, heads 8/4 and 16/8, B=1-4, L=4k-16k)
         # 1.66-1.96x the Triton kernel's TFLOP/s, causal and with a 1024-token window (436-521 against 239-268
-        # causal), 0.77-1.07x SDPA; with or without pingpong within 1%.
-        prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2)},
-        prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2)},
+        # causal), 0.77-1.07x SDPA; with or without pingpong within 1%. Releasing each K tile after its QK product
+        # (early_k_release) then took it to 1.20-1.38x that (584-719 TFLOP/s, 0.91-1.51x SDPA; prefill_ws.py).
+        prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2, early_k_release=True)},
+        prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2, early_k_release=True)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
         # below; plan.decode_plan says which config takes which grid). On the H200
         # (2026-11-30; one-wave shapes x tiles x stages x splits for 1-2 CTAs per SM): at head_dim 128, 64-key tiles

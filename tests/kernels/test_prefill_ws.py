@@ -55,8 +55,9 @@ def test_ws_plan_keeps_triton_outside_the_kernels_scope():
     assert (prefill.ws_plan(*args, True, None, 0.0, None, None) is not None) == SM90
 
 
-def _paged_case(page, group, head_dim, dtype, window=None):
-    """(out, reference) of a ragged paged prefill through the Gluon kernel."""
+def _paged_case(page, group, head_dim, dtype, window=None, config=None):
+    """(out, reference) of a ragged paged prefill through the Gluon kernel (with `config`: that config, launched
+    directly; else the one the dispatch picks)."""
     torch.manual_seed(0)
     kv_heads = 2
     lens, new = [kv for kv, _ in PAIRS], [n for _, n in PAIRS]
@@ -68,7 +69,10 @@ def _paged_case(page, group, head_dim, dtype, window=None):
     args = (tables, cu, seq_lens, head_dim**-0.5, max(new), True, window, 0.0)
     assert prefill.ws_plan(q, k, v, k_cache, v_cache, True, window, 0.0, None, None) is not None
     out = poisoned_like(q)
-    prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
+    if config is None:
+        prefill.paged_prefill_attention(q, k_cache, v_cache, *args, k, v, out=out)
+    else:
+        prefill_ws.launch(q, k, v, k_cache, v_cache, out, cu, seq_lens, tables, *args[3:7], config)
     return out, reference.paged_prefill_attention(q.double(), k_cache.double(), v_cache.double(), *args)
 
 
@@ -91,6 +95,18 @@ def test_paged_prefill_matches_reference(page, group, head_dim, dtype):
 @pytest.mark.parametrize("head_dim,page", [(64, 16), (128, 32), (256, 64)], ids=str)
 def test_sliding_window_matches_reference(window, head_dim, page):
     out, ref = _paged_case(page, 4, head_dim, torch.bfloat16, window)
+    assert_close(out, ref, torch.bfloat16)
+
+
+@needs_sm90
+@pytest.mark.parametrize("early_k_release", [False, True], ids=["release_after_pv", "early_k"])
+@pytest.mark.parametrize("head_dim,config", [(128, (128, 3)), (128, (64, 4)), (256, (64, 2))], ids=str)
+@pytest.mark.parametrize("window", [None, 100])
+def test_both_k_release_points_match_reference(early_k_release, head_dim, config, window):
+    """Either release of a stage's K (after its QK product, or with V after PV), whichever one the table holds
+    for the head_dim: with cached prefixes (pages looked up once for K and V), windows and ragged rows."""
+    ws = WsPrefillConfig(*config, early_k_release=early_k_release)
+    out, ref = _paged_case(16, 4, head_dim, torch.bfloat16, window, ws)
     assert_close(out, ref, torch.bfloat16)
 
 
