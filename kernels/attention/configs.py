@@ -89,6 +89,8 @@ class WsDecodeConfig:
     block_n: int  # KV tokens per tile
     num_stages: int  # K/V tiles in the loader's ring
     ctas_per_sm: int  # CTAs resident per SM (its shared memory admits that many): the plan's wave size
+    # release a stage's K once its QK product completes (else K and V together, after PV); the table says where
+    early_k_release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,8 +276,13 @@ TABLES: dict[str, ArchTable] = {
         # fp16, 7 grids beyond one wave: heads 14/2, 32/8, 32/4, B=32-256, L=512-4k) the kernel at two CTAs per SM
         # (128-key tiles, 2 stages; 3 stages and 64-key tiles no better) ran from 3.4% less time than the Triton
         # plan (14/2 B=128 L=2k 34.4 vs 35.6 us) to 4.2% more (32/8 B=128 L=512 39.4 vs 37.8): the Triton
-        # configs stay there.
-        decode_ws_waves={128: WD(64, 2, 2), 256: WD(64, 2, 1)},
+        # configs stay there. At head_dim 128 each K tile is released after its QK product (early_k_release), so
+        # the loader refills K while V is still in use: on the H200 (2026-11-30, fp16, the plan's split counts,
+        # best of 7 interleaved) 0.987-1.001x the time of the release after PV on the 9 grids this config took
+        # (32/32 B=128 L=2k 927.0 vs 937.4 us, 32/8 B=1 L=1k 4.54 vs 4.60); on the one-CTA config (4 grids)
+        # it measured 0.985-1.022x, so that keeps
+        # the release after PV (as does head_dim 256, not measured).
+        decode_ws_waves={128: WD(64, 2, 2, early_k_release=True), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
         pdl=True,

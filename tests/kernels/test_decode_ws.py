@@ -112,13 +112,14 @@ def test_ws_decode_matches_reference(page, q_heads, kv_heads, head_dim, dtype):
 
 
 @needs_sm90
+@pytest.mark.parametrize("early_k", [False, True], ids=["release_after_pv", "early_k"])
 @pytest.mark.parametrize("block_n,stages,page", [(64, 4, 64), (128, 2, 16), (64, 3, 32), (128, 3, 64)], ids=str)
-def test_ws_decode_tile_shapes(block_n, stages, page):
-    """Tiles of one page and of several (a box per page), rings of 2-4 stages."""
+def test_ws_decode_tile_shapes(block_n, stages, page, early_k):
+    """Tiles of one page and of several (a box per page), rings of 2-4 stages, K released with V after the PV
+    product or after its QK product (whichever the table holds for a config)."""
+    config = WsDecodeConfig(block_n, stages, 1, early_k_release=early_k)
     for window, splits in RUNS[1:4]:
-        out, ref = decode_case(
-            LENS, page, 32, 8, 128, torch.float16, window, splits, WsDecodeConfig(block_n, stages, 1)
-        )
+        out, ref = decode_case(LENS, page, 32, 8, 128, torch.float16, window, splits, config)
         assert_close(out, ref, torch.float16)
 
 
@@ -134,6 +135,18 @@ def test_ws_waves_config_over_a_grid_of_several_waves(dtype, head_dim):
     for window, splits in ((None, 1), (None, 3), (200, 1)):
         out, ref = decode_case(lens, 16, 32, 8, head_dim, dtype, window, splits, config)
         assert_close(out, ref, dtype)
+
+
+@needs_sm90
+def test_ws_waves_config_over_long_sequences():
+    """The same config over many waves of long splits (32-48 tiles each, MHA and GQA): every stage of the ring is
+    refilled many times while two CTAs share an SM, where a release that came too early would show as wrong rows
+    (a variant with a barrier left unused did, on the H200)."""
+    config = TABLES["sm_90"].decode_ws_config(128, torch.float16, waves=True)
+    lens = [2048 + 37 * i for i in range(40)]
+    for q_heads, kv_heads in ((32, 32), (32, 8)):
+        out, ref = decode_case(lens, 16, q_heads, kv_heads, 128, torch.float16, None, 1, config)
+        assert_close(out, ref, torch.float16)
 
 
 @needs_sm90
