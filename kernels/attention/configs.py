@@ -278,10 +278,11 @@ TABLES: dict[str, ArchTable] = {
         # plan (14/2 B=128 L=2k 34.4 vs 35.6 us) to 4.2% more (32/8 B=128 L=512 39.4 vs 37.8): the Triton
         # configs stay there. At head_dim 128 each K tile is released after its QK product (early_k_release), so
         # the loader refills K while V is still in use: on the H200 (2026-11-30, fp16, the plan's split counts,
-        # best of 7 interleaved) 0.987-1.001x the time of the release after PV on the 9 grids this config took
-        # (32/32 B=128 L=2k 927.0 vs 937.4 us, 32/8 B=1 L=1k 4.54 vs 4.60); on the one-CTA config (4 grids)
-        # it measured 0.985-1.022x, so that keeps
-        # the release after PV (as does head_dim 256, not measured).
+        # best of 7 interleaved, two runs on two machines) 0.986-1.011x the time of the release after PV on the 9
+        # and 12 grids this config took, less time on 19 of the 21 (32/32 B=128 L=2k 927.0 vs 937.4 and 945.9
+        # vs 955.0 us, 32/8 B=1 L=1k 4.54 vs 4.60; 1.1% more at 32/8 B=8 L=4k in one run, 0.3% less in the
+        # other). On the one-CTA config (4 grids) it measured 0.985-1.022x, so that keeps the release after PV (as
+        # does head_dim 256, not measured).
         decode_ws_waves={128: WD(64, 2, 2, early_k_release=True), 256: WD(64, 2, 1)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
