@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks.report import versions_line
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig
+from kernels.attention.splits import SHORT_SPLIT_KEYS
 
 
 def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
@@ -37,12 +38,19 @@ def targets(decode_rows, prefill_rows):
     }
 
 
+def _short(res) -> str:
+    """The short-split config's clause of the configs line (results written before it existed have none)."""
+    short = res.get("decode_ws_short_config")
+    return f" (where its splits read at most {SHORT_SPLIT_KEYS} keys: {short})" if short else ""
+
+
 def markdown(res):
     lines = [
         f"# Attention kernels on {res['device']}", "",
         f"{versions_line(res)}; copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
         f"Decode config {res['decode_config']} (for one-wave grids: warp-specialized "
-        f"{res.get('decode_ws_config')}, deep {res.get('decode_deep_config')}; for grids of several waves: "
+        f"{res.get('decode_ws_config')}{_short(res)}, deep {res.get('decode_deep_config')}; "
+        "for grids of several waves: "
         f"warp-specialized {res.get('decode_ws_waves_config')}); "
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",

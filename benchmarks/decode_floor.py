@@ -2,9 +2,11 @@
 
     python -m benchmarks.decode_floor [--out DIR]
 
-One sequence, heads 32/8, head_dim 128, fp16, paged KV (block 16, shuffled), the sm_90 Gluon decode config and
-its one-wave split count, at L = 1k, 4k, 16k. Every time is a CUDA-graph replay of back-to-back calls with
-programmatic dependent launch where the arch has it, over enough KV copies to defeat the L2 (graph_time_us):
+One sequence, heads 32/8, head_dim 128, fp16, paged KV (block 16, shuffled), the sm_90 one-CTA Gluon decode config
+(where its splits read at most splits.SHORT_SPLIT_KEYS keys, as at all three lengths, the short-split config the
+plan takes there: plan.short_splits_config) and its one-wave split count, at L = 1k, 4k, 16k. Every time is a
+CUDA-graph replay of back-to-back calls with programmatic dependent launch where the arch has it, over enough KV
+copies to defeat the L2 (graph_time_us):
 
 - plan: the decode kernel and the reduce kernel that merges its splits (what a layer runs at 4k and 16k; at 1k
   the one-CTA config's one-wave count, 16, would read 64 keys per split, below splits.DEEP_MIN_TOKENS, and the
@@ -30,7 +32,7 @@ import triton.language as tl
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
 from benchmarks.report import device_header, result_stem, save_results, versions_line
-from kernels.attention import decode, decode_ws, splits
+from kernels.attention import decode, decode_ws, plan, splits
 from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 
@@ -82,6 +84,7 @@ def bench_length(length: int, device, config, pdl: bool) -> dict:
     # the wave alone would take 16 and the plan then leaves the one-CTA config)
     most = length // splits.DEEP_MIN_TOKENS
     count = splits.deep_splits(KV_HEADS, length, device.sm_count, config.ctas_per_sm, max_splits=most)
+    config = plan.short_splits_config(table_for(device), config, HEAD_DIM, torch.float16, length, count)
     part = torch.empty(1, Q_HEADS, count, HEAD_DIM, device="cuda", dtype=torch.float32)
     lse = torch.empty(1, Q_HEADS, count, device="cuda", dtype=torch.float32)
 

@@ -111,6 +111,8 @@ class ArchTable:
     # and (decode_ws_waves) for larger grids (plan.decode_plan decides); only where measured
     decode_ws: dict[int, WsDecodeConfig] = field(default_factory=dict)
     decode_ws_waves: dict[int, WsDecodeConfig] = field(default_factory=dict)
+    # the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys take this config instead
+    decode_ws_short: dict[int, WsDecodeConfig] = field(default_factory=dict)
     # programmatic dependent launch (griddepcontrol, sm_90+): the decode kernels start while their predecessor
     # runs and wait for it only before the loads that depend on it
     pdl: bool = False
@@ -124,13 +126,14 @@ class ArchTable:
         return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
 
     def decode_ws_config(
-        self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False
+        self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False, short: bool = False
     ) -> WsDecodeConfig | None:
-        """The warp-specialized decode's config for grids of one wave of it (`decode_ws`) or, with `waves`, for
-        larger grids (`decode_ws_waves`), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        """The warp-specialized decode's config for grids of one wave of it (`decode_ws`), with `waves` for larger
+        grids (`decode_ws_waves`), with `short` for the one-wave grids of short splits (`decode_ws_short`), or None
+        (not this arch, head_dim or dtype: fp32 has no kernel)."""
         if dtype not in (torch.float16, torch.bfloat16):
             return None
-        return (self.decode_ws_waves if waves else self.decode_ws).get(head_dim)
+        return (self.decode_ws_waves if waves else self.decode_ws_short if short else self.decode_ws).get(head_dim)
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -284,6 +287,16 @@ TABLES: dict[str, ArchTable] = {
         # other). On the one-CTA config (4 grids) it measured 0.985-1.022x, so that keeps the release after PV (as
         # does head_dim 256, not measured).
         decode_ws_waves={128: WD(64, 2, 2, early_k_release=True), 256: WD(64, 2, 1)},
+        # at head_dim 128 the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys run a
+        # 2-stage ring with the early K release at one CTA per SM (decode_ws_waves's kernel): decode_ws's 4-stage
+        # ring asks for a whole short split at once, and with every CTA doing so the first tiles come late. On the
+        # H200 (2026-11-30, fp16, the plan's counts, best of 5 interleaved), against decode_ws: 32/8 B=1 at L=2k
+        # 5.31 against 6.29 us, L=4k 7.36 against 8.31 (1.61x SDPA's 11.83), L=8k-32k 0.967-0.992x; 28/4 B=1 L=8k
+        # (32 splits) 0.967x, 16/2 B=1 L=8k (64) 0.979x; unsplit 32/8 B=16 L=2k 0.999x. Longer splits stay on
+        # decode_ws: B=1 L=128k (8k keys per split) 1.014x, unsplit 32/8 B=12 L=4k 1.039x, 32/32 B=4 L=4k 0.987x.
+        # A 3-stage ring with the early release: 0.862-1.044x. In the attention grid's sweep the same kernel at 16
+        # splits took 7.95 / 7.98 us at B=1 L=4k against decode_ws's 8.44 / 8.49 (fp16 / bf16; SDPA 12.08 / 12.07).
+        decode_ws_short={128: WD(64, 2, 1, early_k_release=True)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
         pdl=True,

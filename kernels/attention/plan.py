@@ -19,7 +19,8 @@ def decode_plan(
     width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
     one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
     splits.TWO_CTA_COUNTS where the two-CTA config fits the grid in one wave too, its splits reading
-    DEEP_MIN_TOKENS keys); else the arch's config for grids of several waves (many_wave_config) with the wave
+    DEEP_MIN_TOKENS keys, and to its short-split config at the same count where its splits read at most
+    SHORT_SPLIT_KEYS keys: short_splits_config); else the arch's config for grids of several waves (many_wave_config) with the wave
     model's split count (decode_splits). On sm_90 in fp16/bf16 (where Gluon is there) that makes: at head_dim 128 the Gluon kernel
     at one CTA per SM on one-wave grids it runs unsplit or splits 16+ ways (or 2-8 ways where twice the splits would
     read under DEEP_MIN_TOKENS keys), at two CTAs per SM on the other one-wave grids it would split 2-8 ways (with
@@ -44,11 +45,21 @@ def decode_plan(
             del plans[0]
     for one_wave, count in plans:
         if count is not None and num_splits in (None, count):
-            return count, one_wave
+            return count, short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
     config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     return num_splits, config
+
+
+def short_splits_config(table, config, head_dim: int, dtype, max_context: int, count: int):
+    """The arch's decode_ws_short in place of the one-CTA Gluon config (decode_ws) where each of the `count` splits
+    reads at most SHORT_SPLIT_KEYS keys; `config` otherwise."""
+    short = table.decode_ws_config(head_dim, dtype, short=True)
+    one_cta = table.decode_ws_config(head_dim, dtype)
+    if short is None or config != one_cta or -(-max_context // count) > split_model.SHORT_SPLIT_KEYS:
+        return config
+    return short
 
 
 def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:

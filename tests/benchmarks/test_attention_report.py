@@ -27,8 +27,8 @@ def test_targets_judge_each_decode_row_against_its_peers():
 def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     res = {
         "device": "GPU", "date": "2026-11-30", "torch": "2", "triton": "3", "python": "3.12", "copy_gbs": 4000.0,
-        "decode_config": "D", "decode_deep_config": "DD", "decode_ws_config": "WD", "prefill_config": "P",
-        "decode": [_decode_row(ours=120.0, sdpa=125.0, best=118.0)], "prefill": [],
+        "decode_config": "D", "decode_deep_config": "DD", "decode_ws_config": "WD", "decode_ws_short_config": "WS",
+        "prefill_config": "P", "decode": [_decode_row(ours=120.0, sdpa=125.0, best=118.0)], "prefill": [],
         "step": [{"dtype": "float16", "q_heads": 32, "kv_heads": 8, "batch": 1, "ctx": 4096, "pdl_us": 10.5,
                   "no_pdl_us": 12.7}],
     }  # fmt: skip
@@ -36,7 +36,7 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     text = markdown(res)
     assert "| 64/4/6 S=32 | 120.0 | 121.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
     assert "| float16 | 32/8 | 1 | 4096 | 10.5 | 12.7 | 17.3% |" in text
-    assert "for one-wave grids: warp-specialized WD, deep DD" in text
+    assert "for one-wave grids: warp-specialized WD (where its splits read at most 2048 keys: WS), deep DD" in text
     assert "- prefill_0.9x_sdpa: not measured in this run" in text
     assert config_name(DecodeConfig(64, 4, 6, 2)) == "64/4/6"
     assert config_name(WsDecodeConfig(64, 4, 1)) == "gluon 64/4"
@@ -61,3 +61,4 @@ def test_prefill_rows_name_the_kernel_and_judge_fresh_rows_only():
     assert "| bfloat16 | 4 | 4096 | 0 | gluon-ws | 507 | 430 | 280 | 533 | 0.95 | 1.0e-03 |" in text
     assert "| bfloat16 | 4 | 4096 | 4096 | gluon-ws | 500 | 430 | 280 | - | - | - |" in text
     assert "(warp-specialized: W)" in text
+    assert "where its splits read" not in text  # a result without a short-split config names none

@@ -16,9 +16,11 @@ def choose(batch, kv_heads, ctx, group=4, **hw):
     return splits.choose_num_splits(batch, kv_heads, group, ctx, 128, 2, **{**H200, **hw})
 
 
-# sm_90's configs at head_dim 128 that a grid of one wave can plan: deep Triton, one-CTA Gluon, two-CTA Gluon
-DEEP, WS, WAVES = (TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128),
-                   TABLES["sm_90"].decode_ws_config(128, waves=True))  # fmt: skip
+# sm_90's configs at head_dim 128 that a grid of one wave can plan: deep Triton, one-CTA Gluon (and its short-split
+# variant), two-CTA Gluon
+DEEP, WS, SHORT, WAVES = (TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128),
+                          TABLES["sm_90"].decode_ws_config(128, short=True),
+                          TABLES["sm_90"].decode_ws_config(128, waves=True))  # fmt: skip
 
 
 def test_a_full_batch_is_not_split():
@@ -96,8 +98,9 @@ def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
 
 def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     """sm_90 at head_dim 128 (where Gluon is there): the Gluon kernel at one CTA per SM on a grid of one wave of
-    it that it runs unsplit or splits 16+ ways, at two CTAs per SM on the other one-wave grids (grids of several
-    waves: the next test); the Triton configs elsewhere."""
+    it that it runs unsplit or splits 16+ ways (its short-split config where the splits read at most
+    SHORT_SPLIT_KEYS keys), at two CTAs per SM on the other one-wave grids (grids of several waves: the next test);
+    the Triton configs elsewhere."""
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
     def plan(batch, ctx, dev, dtype=torch.float16, gluon=True):
@@ -106,14 +109,16 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     table = TABLES["sm_90"]
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, WAVES)  # 256 units: one wave of two CTAs per SM, not of one
-        assert plan(1, 32768, dev90) == (16, WS)  # 8 units: one wave of the Gluon kernel's one CTA per SM
-        assert plan(1, 32768, dev90, torch.bfloat16) == (16, WS)
-        assert plan(1, 2048, dev90) == (16, WS)  # 128 keys per split (at two CTAs per SM 32 would read 64)
+        assert plan(1, 131072, dev90) == (16, WS)  # 8 units: one wave of the Gluon kernel's one CTA per SM
+        assert plan(1, 131072, dev90, torch.bfloat16) == (16, WS)
+        assert plan(1, 32768, dev90) == (16, SHORT)  # splits of 2048 keys: the short-split config
+        assert plan(1, 2048, dev90) == (16, SHORT)  # 128 keys per split (at two CTAs per SM 32 would read 64)
         # grids the one-CTA config would split 2-8 ways: two CTAs per SM, twice the splits
         assert plan(2, 32768, dev90) == (16, WAVES)  # 16 units
         assert plan(4, 32768, dev90) == (8, WAVES)  # 32 units
         assert plan(8, 4096, dev90) == (4, WAVES)  # 64 units
         assert plan(16, 4096, dev90) == (1, WS)  # 128 units: unsplit at one CTA per SM
+        assert plan(16, 2048, dev90) == (1, SHORT)  # the same, unsplit over 2048 keys
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
         assert decode_plan(*plan_inputs(4, 32768, head_dim=64), dev90) == (4, ws64)
     # no config given, 16 KV-head units on 132 SMs: the one-wave plan at two CTAs per SM, the Gluon kernel's (its
@@ -127,6 +132,28 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     assert plan(1, 32768, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev90, torch.float32)[1] == table.decode_config(128, torch.float32)
     assert plan(32, 2048, dev80)[1] == TABLES["sm_80"].decode_config(128)  # no deep config measured there
+
+
+def test_short_splits_take_the_short_split_config_at_the_same_count():
+    """A one-wave grid of the one-CTA Gluon config keeps its split count and runs the short-split config where every
+    split reads at most SHORT_SPLIT_KEYS keys, and only then: one page more and it stays; head_dim 64 and 256, fp32
+    and the Triton configs have no such config."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    assert splits.SHORT_SPLIT_KEYS == 2048
+    assert (SHORT.ctas_per_sm, SHORT.num_stages, SHORT.early_k_release) == (1, 2, True)
+    assert (WS.ctas_per_sm, WS.num_stages) == (1, 4)
+    if decode_ws.available(sm90, 4, 16):
+        for batch, ctx, count in ((1, 4096, 16), (1, 32768, 16), (12, 2048, 1), (16, 2048, 1)):
+            plan = decode_plan(*plan_inputs(batch, ctx), sm90)
+            assert plan[0] == count and plan[1] == (SHORT if -(-ctx // count) <= 2048 else WS), (batch, ctx, plan)
+        assert decode_plan(*plan_inputs(1, 32768 + 16), sm90) == (16, WS)  # 2049 keys per split
+        assert decode_plan(*plan_inputs(12, 4096), sm90) == (1, WS)  # unsplit over 4096 keys
+        assert decode_plan(*plan_inputs(2, 2048), sm90) == (16, WAVES)  # 8-way on one CTA: the two-CTA config first
+        assert decode_plan(*plan_inputs(1, 4096, 28, 4), sm90) == (32, SHORT)  # 4 units, 32 splits of 128 keys
+        assert decode_plan(*plan_inputs(1, 4096, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_ws_config(64)
+        assert decode_plan(*plan_inputs(1, 4096, 4, 1, 256), sm90)[1] == TABLES["sm_90"].decode_ws_config(256)
+    assert decode_plan(*plan_inputs(1, 4096), sm90, gluon=False)[1] == DEEP
+    assert decode_plan(*plan_inputs(1, 4096, dtype=torch.float32), sm90)[1] == TABLES["sm_90"].decode_config(128)
 
 
 def test_decode_plan_of_a_grid_of_several_waves():
@@ -194,8 +221,8 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
     device = sim_device((9, 0), sm_count=8)
     q, k_cache, tables = plan_inputs(1, 70 * 16)
     if decode_ws.available(device, 4, 16):
-        assert decode_plan(q, k_cache, tables, device) == (1, WS)
-        assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, WS)  # the plan's own count: same
+        assert decode_plan(q, k_cache, tables, device) == (1, SHORT)  # 1120 keys: the short-split config
+        assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, SHORT)  # the plan's own count: same
         assert decode_plan(q, k_cache, tables, device, num_splits=2) == (2, WAVES)  # two CTAs per SM
         assert decode_plan(q, k_cache, tables, device, num_splits=4) == (4, WAVES)  # two waves of it
     assert decode_plan(q, k_cache, tables, device, gluon=False) == (2, DEEP)
