@@ -40,8 +40,8 @@ def targets(decode_rows, prefill_rows):
 
 def _short(res) -> str:
     """The short-split config's clause of the configs line (results written before it existed have none)."""
-    short = res.get("decode_ws_short_config")
-    return f" (where its splits read at most {SHORT_SPLIT_KEYS} keys: {short})" if short else ""
+    short = res.get("decode_ws_short_config")  # "None" on an arch without one
+    return f" (where its splits read at most {SHORT_SPLIT_KEYS} keys: {short})" if short not in (None, "None") else ""
 
 
 def markdown(res):

@@ -24,7 +24,8 @@ Facts the tables rest on (per SM unless said otherwise):
   warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
   per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
   on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
-  Gluon kernel (`decode_ws`, and `decode_ws_waves` for larger grids);
+  Gluon kernel (`decode_ws`, `decode_ws_short` where its splits are short, and
+  `decode_ws_waves` for larger grids);
   `plan.decode_plan` says which config takes which grid.
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
@@ -84,11 +85,14 @@ class WsPrefillConfig:
 @dataclass(frozen=True, slots=True)
 class WsDecodeConfig:
     """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup); the
-    table's `decode_ws` and `decode_ws_waves` hold them, `plan.decode_plan` picks one and its split count."""
+    table's `decode_ws`, `decode_ws_short` and `decode_ws_waves` hold them, `plan.decode_plan` picks one and its
+    split count."""
 
     block_n: int  # KV tokens per tile
     num_stages: int  # K/V tiles in the loader's ring
-    ctas_per_sm: int  # CTAs resident per SM (its shared memory admits that many): the plan's wave size
+    # CTAs per SM the plan counts as a wave: what its shared memory admits (decode_ws_short: 1, where 2 would fit;
+    # it runs one-wave grids of one CTA per SM)
+    ctas_per_sm: int
     # release a stage's K once its QK product completes (else K and V together, after PV); the table says where
     early_k_release: bool = False
 
@@ -254,7 +258,8 @@ TABLES: dict[str, ArchTable] = {
         # the H200 (2026-11-30, benchmarks/attention_head_dim.py: bf16, heads 8/4 and 16/8, B=1-4, L=4k-16k)
         # 1.66-1.96x the Triton kernel's TFLOP/s, causal and with a 1024-token window (436-521 against 239-268
         # causal), 0.77-1.07x SDPA; with or without pingpong within 1%. Releasing each K tile after its QK product
-        # (early_k_release) then took it to 1.20-1.38x that (584-719 TFLOP/s, 0.91-1.51x SDPA; prefill_ws.py).
+        # (early_k_release) took 1.20-1.38x the TFLOP/s of the kernel before it causal, 1.10-1.18x with a window
+        # (same-run A/Bs, prefill_ws.py); the 19:02 run: 539-643 TFLOP/s causal, 0.94-1.43x SDPA.
         prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2, early_k_release=True)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2, early_k_release=True)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
@@ -284,8 +289,8 @@ TABLES: dict[str, ArchTable] = {
         # best of 7 interleaved, two runs on two machines) 0.986-1.011x the time of the release after PV on the 9
         # and 12 grids this config took, less time on 19 of the 21 (32/32 B=128 L=2k 927.0 vs 937.4 and 945.9
         # vs 955.0 us, 32/8 B=1 L=1k 4.54 vs 4.60; 1.1% more at 32/8 B=8 L=4k in one run, 0.3% less in the
-        # other). On the one-CTA config (4 grids) it measured 0.985-1.022x, so that keeps the release after PV (as
-        # does head_dim 256, not measured).
+        # other). On decode_ws's 4-stage ring (4 grids) it measured 0.985-1.022x, so decode_ws keeps the release
+        # after PV (as does head_dim 256, not measured).
         decode_ws_waves={128: WD(64, 2, 2, early_k_release=True), 256: WD(64, 2, 1)},
         # at head_dim 128 the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys run a
         # 2-stage ring with the early K release at one CTA per SM (decode_ws_waves's kernel): decode_ws's 4-stage

@@ -16,19 +16,21 @@ def decode_plan(
     q, k_cache, block_tables, device, num_splits: int | None = None, gluon: bool = True
 ) -> tuple[int, DecodeConfig | WsDecodeConfig]:
     """(split count, config) for a decode call from host-known values (the context bound is the block table's
-    width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config (the first of
+    width). Where the whole grid fits one wave of a one-wave config (splits.deep_splits), that config: the first of
     one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
     splits.TWO_CTA_COUNTS where the two-CTA config fits the grid in one wave too, its splits reading
     DEEP_MIN_TOKENS keys, and to its short-split config at the same count where its splits read at most
-    SHORT_SPLIT_KEYS keys: short_splits_config); else the arch's config for grids of several waves (many_wave_config) with the wave
-    model's split count (decode_splits). On sm_90 in fp16/bf16 (where Gluon is there) that makes: at head_dim 128 the Gluon kernel
-    at one CTA per SM on one-wave grids it runs unsplit or splits 16+ ways (or 2-8 ways where twice the splits would
-    read under DEEP_MIN_TOKENS keys), at two CTAs per SM on the other one-wave grids it would split 2-8 ways (with
-    twice the splits) and on larger grids; at head_dim 64 the one-CTA Gluon
-    config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon config on every grid. A given
-    `num_splits` is kept, with a one-wave config only where it is that config's own count (the engine passes the
-    config it planned with too: `config=`). gluon=False plans the Triton configs only (for a call the Gluon kernel
-    cannot run)."""
+    SHORT_SPLIT_KEYS keys (short_splits_config). Else the arch's config for grids of several waves
+    (many_wave_config) with the wave model's split count (decode_splits).
+
+    On sm_90 in fp16/bf16 (where Gluon is there) that makes, at head_dim 128: the Gluon kernel at one CTA per SM on
+    one-wave grids it runs unsplit or splits 16+ ways (or 2-8 ways where twice the splits would read under
+    DEEP_MIN_TOKENS keys), on its 2-stage short-split ring where the splits read at most SHORT_SPLIT_KEYS keys; at
+    two CTAs per SM on the other one-wave grids it would split 2-8 ways (with twice the splits) and on larger grids.
+    At head_dim 64 the one-CTA Gluon config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon
+    config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
+    count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
+    (for a call the Gluon kernel cannot run)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]

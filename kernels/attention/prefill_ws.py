@@ -12,8 +12,8 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
   loader issue tile j + 1 only once tile j - 1's PV product was done, half an iteration before tile j + 1's QK
   product needed it. On the H200 (2026-11-30, against the release after PV; bit-identical outputs):
   - head_dim 256 (2 stages of 64 keys; bf16, heads 8/4, 16/8, 4/1, B=1-4, L=4k-16k): 1.20-1.38x the TFLOP/s
-    causal (584-719 against 445-525), 1.37x for a 4k chunk after a 12k cached prefix, 1.10x with a 1024-token
-    window. A K ring one deeper (3 K / 2 V stages) was slower than 2 / 2.
+    causal (584-719 against 445-525), 1.37x for a 4k chunk after a 12k cached prefix, 1.10-1.18x with a
+    1024-token window. A K ring one deeper (3 K / 2 V stages) was slower than 2 / 2.
   - head_dim 128 (3 stages of 128 keys, fp16): 0.98-1.01x; with a window (4 stages of 64 keys) 0.89x; head_dim
     64 0.99x. Those configs keep the release after PV.
 - Two consumer warpgroups, 64 query rows each, run the online softmax. Each issues tile j's QK^T product
@@ -22,8 +22,9 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
   warpgroup's softmax runs under the other's products.
 - Keys come from two spans. A cached prefix (prefix caching, an earlier chunk) is read from the paged cache:
   the loader looks up a tile's pages in the block table at once (a lane per page, for its K and its V) and
-  issues one TMA box of PAGE rows per page into the tile's rows. The chunk's own keys are contiguous rows of k/v (what the engine just wrote), one TMA box
-  per tile. Rows past a sequence's end are loaded (the next sequence's rows, or zeros) and masked.
+  issues one TMA box of PAGE rows per page into the tile's rows. The chunk's own keys are contiguous rows of k/v
+  (what the engine just wrote), one TMA box per tile. Rows past a sequence's end are loaded (the next sequence's
+  rows, or zeros) and masked.
 - Registers: consumers get 240 per thread (setmaxnreg), the loader 24; 12 warps, one CTA per SM
   (shared memory at head_dim 128: Q 32 KB + STAGES x BLOCK_N / 2 KB, e.g. 3 x 64 KB for 128-key tiles; at 256:
   Q 64 KB + 2 x 64 KB for 64-key tiles, where a consumer's O accumulator alone takes 128 registers per thread).
@@ -315,7 +316,8 @@ if gluon is not None:
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(turn.index(i), count=1)
+            if PINGPONG:  # a barrier initialised and never used again can share its memory with other buffers
+                mbarrier.init(turn.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)

@@ -73,8 +73,8 @@ DEEP_MIN_TOKENS = 128
 # ways (B=1 GQA; 32 splits) 4.5% more at L=4k; unsplit (96-128 units) up to 6% more at L=1k-4k, within 0.5% at 16k.
 TWO_CTA_COUNTS = (2, 4, 8)
 # Keys per split at most which a one-wave grid of the one-CTA Gluon config runs the table's decode_ws_short (a
-# shallower ring) instead; configs.py's sm_90 table has the measurements (2k-key splits 0.992x there, 4k and 8k 1.039x
-# and 1.014x).
+# shallower ring) instead; configs.py's sm_90 table has the measurements: less time on every grid of splits of 2048
+# keys or fewer (0.844-0.999x), mixed at 4096 (unsplit 32/8 B=12 1.039x, 32/32 B=4 0.987x), more at 8192 (1.014x).
 SHORT_SPLIT_KEYS = 2048
 
 

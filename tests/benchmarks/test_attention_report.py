@@ -62,3 +62,4 @@ def test_prefill_rows_name_the_kernel_and_judge_fresh_rows_only():
     assert "| bfloat16 | 4 | 4096 | 4096 | gluon-ws | 500 | 430 | 280 | - | - | - |" in text
     assert "(warp-specialized: W)" in text
     assert "where its splits read" not in text  # a result without a short-split config names none
+    assert "where its splits read" not in markdown({**res, "decode_ws_short_config": "None"})  # an arch without

@@ -43,6 +43,10 @@ def test_ws_configs_hold_exactly_the_ctas_per_sm_the_plan_counts():
                 per_cta = decode_ws.smem_bytes(config, head_dim, 2, group) + 1024
                 resident = min(228 * 1024 // per_cta, 65536 // (256 * decode_ws.LAUNCH_OPTIONS["maxnreg"]))
                 assert resident == config.ctas_per_sm, (head_dim, config, group)
+    # the short-split config runs one-wave grids of one CTA per SM (the plan's count), though two would fit
+    for head_dim, config in table.decode_ws_short.items():
+        assert config.ctas_per_sm == table.decode_ws[head_dim].ctas_per_sm == 1
+        assert 228 * 1024 // (decode_ws.smem_bytes(config, head_dim, 2, 64) + 1024) >= 1
 
 
 def test_query_columns_pad_the_group_for_wgmma():
@@ -139,7 +143,7 @@ def test_ws_waves_config_over_a_grid_of_several_waves(dtype, head_dim):
 
 @needs_sm90
 def test_ws_waves_config_over_long_sequences():
-    """The same config over many waves of long splits (32-48 tiles each, MHA and GQA): every stage of the ring is
+    """The same config over many waves of long splits (32-55 tiles each, MHA and GQA): every stage of the ring is
     refilled many times while two CTAs share an SM, where a release that came too early would show as wrong rows
     (a variant with a barrier left unused did, on the H200)."""
     config = TABLES["sm_90"].decode_ws_config(128, torch.float16, waves=True)

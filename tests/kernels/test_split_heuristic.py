@@ -145,7 +145,7 @@ def test_short_splits_take_the_short_split_config_at_the_same_count():
     if decode_ws.available(sm90, 4, 16):
         for batch, ctx, count in ((1, 4096, 16), (1, 32768, 16), (12, 2048, 1), (16, 2048, 1)):
             plan = decode_plan(*plan_inputs(batch, ctx), sm90)
-            assert plan[0] == count and plan[1] == (SHORT if -(-ctx // count) <= 2048 else WS), (batch, ctx, plan)
+            assert plan == (count, SHORT), (batch, ctx, plan)  # 256, 2048, 2048 and 2048 keys per split
         assert decode_plan(*plan_inputs(1, 32768 + 16), sm90) == (16, WS)  # 2049 keys per split
         assert decode_plan(*plan_inputs(12, 4096), sm90) == (1, WS)  # unsplit over 4096 keys
         assert decode_plan(*plan_inputs(2, 2048), sm90) == (16, WAVES)  # 8-way on one CTA: the two-CTA config first
