@@ -72,8 +72,11 @@ from kernels.attention.gluon_sm90 import (
     gl,
     gl_dtype,
     gluon,
+    issue_page_boxes,
+    load_page_lanes,
     mbarrier,
     on_sm90,
+    page_lane,
     row_descriptor,
     tma,
     tma_rows_ok,
@@ -119,28 +122,12 @@ if gluon is not None:
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), seq_len
 
     @gluon.jit
-    def _group_pages(table, key0, last_page, ok, LANES: gl.constexpr, PAGE: gl.constexpr):
-        """The pages of the LANES boxes from key0 on (a lane each: a group of STAGES tiles, looked up together
-        ahead of the group and consumed by _box_page); boxes past the split's end repeat its last page."""
-        boxes = gl.arange(0, LANES, layout=gl.BlockedLayout([1], [32], [1], [0]))
-        return gl.load(table + gl.minimum(key0 // PAGE + boxes, last_page), mask=(boxes >= 0) & ok, other=0)
-
-    @gluon.jit
-    def _box_page(pages, r):
-        """Box r's page out of _group_pages' lanes."""
-        boxes = gl.arange(0, pages.shape[0], layout=pages.type.layout)
-        return gl.sum(gl.where(boxes == r, pages, 0), axis=0)
-
-    @gluon.jit
     def _issue_one(desc, pages, s, kvh, ready, smem, PAGE: gl.constexpr):
         """The TMA loads of one tile of K or V alone into ring stage s (the early K release's loader)."""
         BLOCK_N: gl.constexpr = smem.shape[1]
         HEAD_DIM: gl.constexpr = smem.shape[2]
-        NBOX: gl.constexpr = BLOCK_N // PAGE
         mbarrier.expect(ready.index(s), BLOCK_N * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
-        for r in gl.static_range(NBOX):
-            coord = [_box_page(pages, s * NBOX + r) * PAGE, kvh * HEAD_DIM]
-            tma.async_copy_global_to_shared(desc, coord, ready.index(s), smem.index(s).slice(r * PAGE, PAGE))
+        issue_page_boxes(desc, pages, s * (BLOCK_N // PAGE), kvh * HEAD_DIM, ready.index(s), smem.index(s), PAGE)
 
     @gluon.jit
     def _issue(
@@ -155,7 +142,7 @@ if gluon is not None:
         v_smem,
         PAGE: gl.constexpr,
     ):
-        """The TMA loads of one tile into ring stage s: a box per page, K and V (_group_pages' boxes s * NBOX on;
+        """The TMA loads of one tile into ring stage s: a box per page, K and V (the group's boxes s * NBOX on;
         boxes past the split's end repeat its last page's rows, masked by the consumer)."""
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -164,7 +151,7 @@ if gluon is not None:
         mbarrier.expect(k_ready.index(s), tile_bytes)
         mbarrier.expect(v_ready.index(s), tile_bytes)
         for r in gl.static_range(NBOX):
-            coord = [_box_page(pages, s * NBOX + r) * PAGE, kvh * HEAD_DIM]
+            coord = [page_lane(pages, s * NBOX + r) * PAGE, kvh * HEAD_DIM]
             tma.async_copy_global_to_shared(kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * PAGE, PAGE))
             tma.async_copy_global_to_shared(vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * PAGE, PAGE))
 
@@ -186,7 +173,7 @@ if gluon is not None:
         # wait for that kernel (q and the cache's new rows are its output)
         GROUP_KEYS: gl.constexpr = STAGES * BLOCK_N
         gl.static_assert(LANES >= STAGES * NBOX, "a lane per box of the group")
-        pages = _group_pages(table, lo, last_page, n > 0, LANES, PAGE)
+        pages = load_page_lanes(table, lo // PAGE, last_page, n > 0, LANES)
         # the split's first tile, where it ends before the sequence's last row, loads before the wait too: the kernel
         # before a decode writes of its sequences' rows only the last (the step's new token; the module docstring)
         early = (n > 0) & (lo + BLOCK_N < seq_len) & PDL
@@ -197,7 +184,8 @@ if gluon is not None:
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
         for g in range(gl.cdiv(n, STAGES)):
-            following = _group_pages(table, lo + (g + 1) * GROUP_KEYS, last_page, (g + 1) * STAGES < n, LANES, PAGE)
+            key0 = lo + (g + 1) * GROUP_KEYS
+            following = load_page_lanes(table, key0 // PAGE, last_page, (g + 1) * STAGES < n, LANES)
             for s in gl.static_range(STAGES):
                 j = g * STAGES + s
                 if (j < n) & ((j > 0) | (not early)):

@@ -68,3 +68,32 @@ def row_descriptor(t, block_rows, layout):
 def gl_dtype(dtype):
     """Gluon's element type of a 2-byte torch dtype."""
     return gl.float16 if dtype == torch.float16 else gl.bfloat16
+
+
+if gluon is not None:
+    # A paged tile is read as one TMA box per page. Its pages are looked up in the block table together, a lane
+    # each (one round trip for the tile, or for a group of tiles), and each box takes its page out of the lanes.
+
+    @gluon.jit
+    def load_page_lanes(table, first, last_page, ok, LANES: gl.constexpr):
+        """The block-table entries of LANES boxes from box `first` on, a lane each; boxes past `last_page` repeat
+        it; where `ok` is false, zeros (no load)."""
+        boxes = gl.arange(0, LANES, layout=gl.BlockedLayout([1], [32], [1], [0]))
+        return gl.load(table + gl.minimum(first + boxes, last_page), mask=(boxes >= 0) & ok, other=0)
+
+    @gluon.jit
+    def page_lane(pages, r):
+        """Box r's page out of load_page_lanes' lanes."""
+        boxes = gl.arange(0, pages.shape[0], layout=pages.type.layout)
+        return gl.sum(gl.where(boxes == r, pages, 0), axis=0)
+
+    @gluon.jit
+    def issue_page_boxes(desc, pages, first, col, bar, buf, PAGE: gl.constexpr):
+        """One TMA box of PAGE rows (at column `col` of `desc`) per page of the lanes from `first` on, into
+        consecutive row slices of the tile buffer `buf`, counted on `bar`."""
+        for r in gl.static_range(buf.shape[0] // PAGE):
+            coord = [page_lane(pages, first + r) * PAGE, col]
+            tma.async_copy_global_to_shared(desc, coord, bar, buf.slice(r * PAGE, PAGE))
+
+else:
+    load_page_lanes = page_lane = issue_page_boxes = None

@@ -45,6 +45,8 @@ from kernels.attention.gluon_sm90 import (
     gl,
     gl_dtype,
     gluon,
+    issue_page_boxes,
+    load_page_lanes,
     mbarrier,
     on_sm90,
     row_descriptor,
@@ -130,32 +132,18 @@ if gluon is not None:
             mbarrier.wait(k_empty.index(s), phase)
             mbarrier.expect(k_ready.index(s), tile_bytes)
             if j < n_pre:  # cached prefix: one box per page; pages past the prefix repeat its last page (masked)
-                pages = _tile_pages(table, (pre_first + j) * (BLOCK_N // PAGE), last_page, BLOCK_N // PAGE)
-                _issue_pages(kc_desc, pages, kvh * HEAD_DIM, k_ready.index(s), k_smem.index(s), PAGE)
+                # its pages are looked up once, for its K and its V
+                pages = load_page_lanes(table, (pre_first + j) * (BLOCK_N // PAGE), last_page, True, BLOCK_N // PAGE)
+                issue_page_boxes(kc_desc, pages, 0, kvh * HEAD_DIM, k_ready.index(s), k_smem.index(s), PAGE)
                 mbarrier.wait(v_empty.index(s), phase)
                 mbarrier.expect(v_ready.index(s), tile_bytes)
-                _issue_pages(vc_desc, pages, kvh * HEAD_DIM, v_ready.index(s), v_smem.index(s), PAGE)
+                issue_page_boxes(vc_desc, pages, 0, kvh * HEAD_DIM, v_ready.index(s), v_smem.index(s), PAGE)
             else:  # the chunk's own rows
                 coord = [q_start + (chunk_first + j - n_pre) * BLOCK_N, kvh * HEAD_DIM]
                 tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(s), k_smem.index(s))
                 mbarrier.wait(v_empty.index(s), phase)
                 mbarrier.expect(v_ready.index(s), tile_bytes)
                 tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(s), v_smem.index(s))
-
-    @gluon.jit
-    def _tile_pages(table, first, last_page, BOXES: gl.constexpr):
-        """The pages of a prefix tile's BOXES boxes from box `first` on, looked up once for its K and its V (a lane
-        each; boxes past the prefix repeat its last page)."""
-        boxes = gl.arange(0, BOXES, layout=gl.BlockedLayout([1], [32], [1], [0]))
-        return gl.load(table + gl.minimum(first + boxes, last_page))
-
-    @gluon.jit
-    def _issue_pages(desc, pages, col, bar, buf, PAGE: gl.constexpr):
-        """One TMA box of PAGE rows per page of `pages` into consecutive row slices of the tile buffer `buf`."""
-        boxes = gl.arange(0, pages.shape[0], layout=pages.type.layout)
-        for r in gl.static_range(pages.shape[0]):
-            page = gl.sum(gl.where(boxes == r, pages, 0), axis=0)
-            tma.async_copy_global_to_shared(desc, [page * PAGE, col], bar, buf.slice(r * PAGE, PAGE))
 
     @gluon.jit
     def _softmax(sc, j, m_i, l_i, rows, qk_scale, q_len, prefix, n_pre, n_full, s_layout: gl.constexpr,
