@@ -307,6 +307,7 @@ def main():
            "decode_ws_config": str(table.decode_ws_config(HEAD_DIM)),
            "decode_ws_waves_config": str(table.decode_ws_config(HEAD_DIM, waves=True)),
            "decode_ws_short_config": str(table.decode_ws_config(HEAD_DIM, short=True)),
+           "decode_ws_long_config": str(table.decode_ws_config(HEAD_DIM, long=True)),
            "prefill_config": str(table.prefill_config(HEAD_DIM)),
            "prefill_ws_config": str(table.prefill_ws_config(HEAD_DIM))}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from benchmarks.report import versions_line
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig
-from kernels.attention.splits import SHORT_SPLIT_KEYS
+from kernels.attention.splits import LONG_TWO_CTA_COUNTS, SHORT_SPLIT_KEYS
 
 
 def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
-    """blk/warps/stages of the Triton kernel; gluon blk/stages of the warp-specialized one."""
+    """blk/warps/stages of the Triton kernel; gluon blk/stages of the warp-specialized one (with `half N` where it
+    halves the splits of sequences that half of them read in N keys each)."""
     if isinstance(c, WsDecodeConfig):
-        return f"gluon {c.block_n}/{c.num_stages}"
+        return f"gluon {c.block_n}/{c.num_stages}" + (f" half {c.half_splits_keys}" if c.half_splits_keys else "")
     return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
 
 
@@ -44,12 +45,21 @@ def _short(res) -> str:
     return f" (where its splits read at most {SHORT_SPLIT_KEYS} keys: {short})" if short not in (None, "None") else ""
 
 
+def _long(res) -> str:
+    """The long-split config's clause of the configs line (results written before it existed have none)."""
+    long = res.get("decode_ws_long_config")
+    if long in (None, "None"):
+        return ""
+    counts = "/".join(map(str, LONG_TWO_CTA_COUNTS))
+    return f" (where it would split {counts} ways into longer splits: {long}, twice the splits)"
+
+
 def markdown(res):
     lines = [
         f"# Attention kernels on {res['device']}", "",
         f"{versions_line(res)}; copy bandwidth {res['copy_gbs']:.0f} GB/s (read + write).", "",
         f"Decode config {res['decode_config']} (for one-wave grids: warp-specialized "
-        f"{res.get('decode_ws_config')}{_short(res)}, deep {res.get('decode_deep_config')}; "
+        f"{res.get('decode_ws_config')}{_short(res)}{_long(res)}, deep {res.get('decode_deep_config')}; "
         "for grids of several waves: "
         f"warp-specialized {res.get('decode_ws_waves_config')}); "
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",

@@ -95,6 +95,10 @@ class WsDecodeConfig:
     ctas_per_sm: int
     # release a stage's K once its QK product completes (else K and V together, after PV); the table says where
     early_k_release: bool = False
+    # with > 0 (and 2+ splits) a sequence whose visible range the first half of the splits would read in at most this
+    # many keys each runs on that half, the other half empty: a split count chosen on the device, per sequence, from
+    # two the grid holds (decode_ws_long)
+    half_splits_keys: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,9 @@ class ArchTable:
     decode_ws_waves: dict[int, WsDecodeConfig] = field(default_factory=dict)
     # the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys take this config instead
     decode_ws_short: dict[int, WsDecodeConfig] = field(default_factory=dict)
+    # the one-wave grids decode_ws would split splits.LONG_TWO_CTA_COUNTS ways into longer splits take this config,
+    # at twice the count (plan.long_splits_config)
+    decode_ws_long: dict[int, WsDecodeConfig] = field(default_factory=dict)
     # programmatic dependent launch (griddepcontrol, sm_90+): the decode kernels start while their predecessor
     # runs and wait for it only before the loads that depend on it
     pdl: bool = False
@@ -130,14 +137,16 @@ class ArchTable:
         return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
 
     def decode_ws_config(
-        self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False, short: bool = False
-    ) -> WsDecodeConfig | None:
+        self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False, short: bool = False,
+        long: bool = False,
+    ) -> WsDecodeConfig | None:  # fmt: skip
         """The warp-specialized decode's config for grids of one wave of it (`decode_ws`), with `waves` for larger
-        grids (`decode_ws_waves`), with `short` for the one-wave grids of short splits (`decode_ws_short`), or None
-        (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        grids (`decode_ws_waves`), with `short` / `long` for the one-wave grids of short / long splits
+        (`decode_ws_short` / `decode_ws_long`), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
         if dtype not in (torch.float16, torch.bfloat16):
             return None
-        return (self.decode_ws_waves if waves else self.decode_ws_short if short else self.decode_ws).get(head_dim)
+        configs = self.decode_ws_waves if waves else self.decode_ws_short if short else self.decode_ws
+        return (self.decode_ws_long if long else configs).get(head_dim)
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
@@ -302,6 +311,19 @@ TABLES: dict[str, ArchTable] = {
         # A 3-stage ring with the early release: 0.862-1.044x. In the attention grid's sweep the same kernel at 16
         # splits took 7.95 / 7.98 us at B=1 L=4k against decode_ws's 8.44 / 8.49 (fp16 / bf16; SDPA 12.08 / 12.07).
         decode_ws_short={128: WD(64, 2, 1, early_k_release=True)},
+        # at head_dim 128 the one-wave grids decode_ws would split 16 ways (B=1 with 5-8 KV heads) into splits of
+        # more than splits.SHORT_SPLIT_KEYS keys (a long context bound: the engine plans with max_model_len) run the
+        # two-CTA config at 32 splits, where a sequence that 16 splits read in at most 256 keys each (L <= 4k) uses
+        # 16 of them (half_splits_keys). On the H200 (2026-11-30, fp16, best of 5 interleaved, two probes), against
+        # decode_ws at 16 splits: 32/8 B=1, 128k bound, L=128k 126.7 / 126.3 against 127.9 / 127.5 us, L=32k 36.2 /
+        # 36.0 against 37.0 / 36.7, L=16k 21.0 against 21.2, L=4k (halved) 8.28 against 8.49, L=2k 6.15 against
+        # 6.26; 64k bound, L=64k 66.3 / 66.0 against 67.6 / 67.0, L=4k 8.23 against 8.52; 16/4 B=2, L=128k 126.9 /
+        # 126.8 against 128.6 / 127.9, L=8k 12.7 against 12.7-12.8. Halving where 16 splits read up to 2048 keys
+        # lost at L=16k and 32k (21.8 and 38.2 us; the 16-split grid of the same kernel took 20.7 and 36.4: the
+        # halved grid, half its CTAs empty, ran 1-5% slower than it, the more the longer the splits). At 32 one-CTA
+        # splits (28/4 B=1) the two-CTA config at 64 took more time (67.9 against 67.7 us at L=128k, 7.53 against
+        # 6.68 at 4k): not there.
+        decode_ws_long={128: WD(64, 2, 2, early_k_release=True, half_splits_keys=256)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
         pdl=True,

@@ -25,7 +25,11 @@ One warp does nothing but issue loads:
   B=8 L=4k GQA). The smaller query box also frees shared memory (`smem_bytes`).
 - Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
   [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
-  log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges.
+  log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges. With the config's
+  `half_splits_keys` (`decode_ws_long`) a sequence whose range the first half of the splits would read in at most
+  that many keys each is divided among those only: the split count, one of two, is chosen on the device per
+  sequence (the other half's CTAs write empty partials), so a grid planned for a long context bound runs a short
+  context on fewer, longer splits.
 
 With programmatic dependent launch (`pdl`) the loader loads the first group's pages and issues the split's first
 tile, then waits for the previous kernel, then issues the query's and the other tiles' TMA loads (`decode.py` says
@@ -110,13 +114,18 @@ def supports(q, k_cache, v_cache, softcap) -> bool:
 if gluon is not None:
 
     @gluon.jit
-    def _span(lens_ptr, b, split, num_splits, window, BLOCK_N: gl.constexpr):
+    def _span(lens_ptr, b, split, num_splits, window, BLOCK_N: gl.constexpr, HALF_KEYS: gl.constexpr):
         """(first visible key, first key, end, tiles, sequence length) of this split: the visible range aligned down
-        to BLOCK_N is divided into whole tiles among the splits."""
+        to BLOCK_N is divided into whole tiles among the splits; with HALF_KEYS (the config's half_splits_keys)
+        among the first half of them where each would read at most HALF_KEYS keys there (the others are empty)."""
         seq_len = gl.load(lens_ptr + b)
         start = gl.maximum(seq_len - window, 0)
         base = start // BLOCK_N * BLOCK_N
-        chunk = gl.cdiv(gl.cdiv(seq_len - base, num_splits), BLOCK_N) * BLOCK_N
+        splits = num_splits
+        if HALF_KEYS > 0:
+            if gl.cdiv(seq_len - base, num_splits // 2) <= HALF_KEYS:
+                splits = num_splits // 2
+        chunk = gl.cdiv(gl.cdiv(seq_len - base, splits), BLOCK_N) * BLOCK_N
         lo = base + split * chunk
         hi = gl.minimum(lo + chunk, seq_len)
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), seq_len
@@ -159,9 +168,9 @@ if gluon is not None:
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
                 b, kvh, split, num_splits, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr,
-                EARLY_K: gl.constexpr):  # fmt: skip
+                EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
-        _, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
+        _, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, BLOCK_N, HALF_KEYS)
         # a box per page: tiles start at multiples of BLOCK_N, which pages (16-64 tokens) divide
         gl.static_assert(BLOCK_N % PAGE == 0, "whole pages per tile")
         NBOX: gl.constexpr = BLOCK_N // PAGE
@@ -204,12 +213,12 @@ if gluon is not None:
                   split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                   Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr, PDL: gl.constexpr,
-                  EARLY_K: gl.constexpr):  # fmt: skip
+                  EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
         gl.static_assert((BLOCK_N % 64 == 0) & (HEAD_DIM % 64 == 0), "keys and head_dim are wgmma's M: 64s")
         # S^T [BLOCK_N, NQ] and O^T [HEAD_DIM, NQ]: keys and head_dim are the rows, the query group the columns
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 16])
-        start, lo, hi, n, _ = _span(lens_ptr, b, split, num_splits, window, BLOCK_N)
+        start, lo, hi, n, _ = _span(lens_ptr, b, split, num_splits, window, BLOCK_N, HALF_KEYS)
         m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
         l_i = gl.zeros([NQ], gl.float32, gl.SliceLayout(0, layout))
         acc = gl.zeros([HEAD_DIM, NQ], gl.float32, layout)
@@ -266,7 +275,7 @@ if gluon is not None:
                           window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                           Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, DIRECT: gl.constexpr,
-                          PDL: gl.constexpr, EARLY_K: gl.constexpr):  # fmt: skip
+                          PDL: gl.constexpr, EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr):  # fmt: skip
         NQ: gl.constexpr = q_desc.block_type.shape[1]  # the query group padded to wgmma's N (query_columns)
         kvh = gl.program_id(0)
         b = gl.program_id(1)
@@ -293,9 +302,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                          window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K)),
+                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
-                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, EARLY_K)),
+                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, EARLY_K,
+                       HALF_KEYS)),
         ], [1], [24])  # fmt: skip
 
 
@@ -349,7 +359,7 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         out.stride(1), *part_strides,
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
         STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl,
-        EARLY_K=config.early_k_release,
+        EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys if num_splits > 1 else 0,
         **pdl_options(pdl), **LAUNCH_OPTIONS,
     )  # fmt: skip
     return out

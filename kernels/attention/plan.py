@@ -20,13 +20,16 @@ def decode_plan(
     one_wave_configs' order, except that the one-CTA Gluon config gives way to the two-CTA one at the counts of
     splits.TWO_CTA_COUNTS where the two-CTA config fits the grid in one wave too, its splits reading
     DEEP_MIN_TOKENS keys, and to its short-split config at the same count where its splits read at most
-    SHORT_SPLIT_KEYS keys (short_splits_config). Else the arch's config for grids of several waves
-    (many_wave_config) with the wave model's split count (decode_splits).
+    SHORT_SPLIT_KEYS keys (short_splits_config); at splits.LONG_TWO_CTA_COUNTS with longer splits it gives way to the
+    arch's decode_ws_long at the two-CTA config's count (long_splits_config). Else the arch's config for grids of
+    several waves (many_wave_config) with the wave model's split count (decode_splits).
 
     On sm_90 in fp16/bf16 (where Gluon is there) that makes, at head_dim 128: the Gluon kernel at one CTA per SM on
     one-wave grids it runs unsplit or splits 16+ ways (or 2-8 ways where twice the splits would read under
     DEEP_MIN_TOKENS keys), on its 2-stage short-split ring where the splits read at most SHORT_SPLIT_KEYS keys; at
-    two CTAs per SM on the other one-wave grids it would split 2-8 ways (with twice the splits) and on larger grids.
+    two CTAs per SM on the other one-wave grids it would split 2-8 ways (with twice the splits), on those it would
+    split 16 ways into longer splits (with 32, each sequence that 16 read in SHORT_SPLIT_KEYS keys each using 16 of
+    them: decode_ws_long) and on larger grids.
     At head_dim 64 the one-CTA Gluon config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon
     config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
     count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
@@ -43,8 +46,12 @@ def decode_plan(
     # only the one-CTA Gluon config can be followed by a Gluon config at more CTAs per SM (the two-CTA one, head_dim
     # 128): where that one fits the grid in one wave too, the one-CTA config gives way to it at TWO_CTA_COUNTS
     if len(plans) > 1 and isinstance(plans[1][0], WsDecodeConfig) and plans[1][1] is not None:
-        if plans[1][0].ctas_per_sm > plans[0][0].ctas_per_sm and plans[0][1] in split_model.TWO_CTA_COUNTS:
-            del plans[0]
+        if plans[1][0].ctas_per_sm > plans[0][0].ctas_per_sm:
+            long = long_splits_config(table, head_dim, q.dtype, max_context, plans[0][1])
+            if long is not None:  # the two-CTA config's count, on the config that halves it for short sequences
+                plans[:2] = [(long, plans[1][1])]
+            elif plans[0][1] in split_model.TWO_CTA_COUNTS:
+                del plans[0]
     for one_wave, count in plans:
         if count is not None and num_splits in (None, count):
             return count, short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
@@ -62,6 +69,14 @@ def short_splits_config(table, config, head_dim: int, dtype, max_context: int, c
     if short is None or config != one_cta or -(-max_context // count) > split_model.SHORT_SPLIT_KEYS:
         return config
     return short
+
+
+def long_splits_config(table, head_dim: int, dtype, max_context: int, count: int) -> WsDecodeConfig | None:
+    """The arch's decode_ws_long where the one-CTA Gluon config would split a one-wave grid `count` ways (one of
+    splits.LONG_TWO_CTA_COUNTS) into splits of more than SHORT_SPLIT_KEYS keys; else None."""
+    if count not in split_model.LONG_TWO_CTA_COUNTS or -(-max_context // count) <= split_model.SHORT_SPLIT_KEYS:
+        return None
+    return table.decode_ws_config(head_dim, dtype, long=True)
 
 
 def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:

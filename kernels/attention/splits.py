@@ -76,6 +76,9 @@ TWO_CTA_COUNTS = (2, 4, 8)
 # shallower ring) instead; configs.py's sm_90 table has the measurements: less time on every grid of splits of 2048
 # keys or fewer (0.844-0.999x), mixed at 4096 (unsplit 32/8 B=12 1.039x, 32/32 B=4 0.987x), more at 8192 (1.014x).
 SHORT_SPLIT_KEYS = 2048
+# One-wave counts of the one-CTA Gluon config at which splits of more than SHORT_SPLIT_KEYS keys give way to the
+# table's decode_ws_long at twice the count (configs.py's sm_90 table has the measurements; at 32 it lost).
+LONG_TWO_CTA_COUNTS = (16,)
 
 
 def modelled_time_us(

@@ -72,7 +72,7 @@ def gluon_decode_ptx(config, head_dim=128) -> str:
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
     consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   PAGE=page, LANES=decode_ws.page_lanes(config, page), DIRECT=False, PDL=True,
-                  EARLY_K=config.early_k_release)  # fmt: skip
+                  EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys)  # fmt: skip
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
 
 
@@ -86,8 +86,8 @@ def main() -> None:
         ),
     }  # fmt: skip
     if gluon_sm90.gluon is not None:
-        for name, waves in (("decode_ws", False), ("decode_ws_waves", True)):
-            report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, waves=waves)))
+        for name, kind in (("decode_ws", {}), ("decode_ws_waves", {"waves": True}), ("decode_ws_long", {"long": True})):
+            report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, **kind)))
         report["decode_ws_256"] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(256), 256))
     print(json.dumps(report))
 

@@ -15,6 +15,7 @@ from tests.kernels.attention_helpers import (
     SM90,
     assert_close,
     decode_case,
+    make_paged,
     needs_sm90,
     plan_inputs,
     sim_device,
@@ -37,7 +38,7 @@ def test_ws_configs_hold_exactly_the_ctas_per_sm_the_plan_counts():
     """The plan's wave is ctas_per_sm CTAs per SM. Resident per SM: what the H200's 228 KB hold (1 KB of it
     reserved per CTA), at most two by registers (256 threads: the loader warp is padded to a warpgroup, x 128)."""
     table = TABLES["sm_90"]
-    for configs in (table.decode_ws, table.decode_ws_waves):
+    for configs in (table.decode_ws, table.decode_ws_waves, table.decode_ws_long):
         for head_dim, config in configs.items():
             for group in (1, 4, 7, 8, 16, 64):
                 per_cta = decode_ws.smem_bytes(config, head_dim, 2, group) + 1024
@@ -168,3 +169,27 @@ def test_the_plan_runs_the_ws_kernel_on_a_small_batch():
     assert config == TABLES["sm_90"].decode_ws_config(128, short=True) and count > 1
     out, ref = decode_case([4096], 16, 32, 8, 128, torch.float16, None, None, None)
     assert_close(out, ref, torch.float16)
+
+
+@needs_sm90
+def test_the_long_split_config_halves_the_splits_of_short_sequences():
+    """decode_ws_long at 32 splits: a sequence whose visible range 16 splits read in at most 256 keys each runs on
+    the first 16 (the others write lse -inf and zeros), a longer one on all 32; ragged lengths across the boundary,
+    with a window that makes a long sequence short. The partials are checked, then the merged output."""
+    config = TABLES["sm_90"].decode_ws_config(128, long=True)
+    assert config.half_splits_keys == 256
+    lens = [100, 16 * 256, 16 * 256 + 1, 40000, 700]
+    k_cache, v_cache, tables = make_paged(lens, 16, 8, 128, torch.float16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(len(lens), 32, 128, device=DEV).to(torch.float16)
+    for window, halved in ((None, [True, True, False, False, True]), (1000, [True] * 5)):
+        part = torch.full((len(lens), 32, 32, 128), float("nan"), device=DEV)
+        lse = torch.full((len(lens), 32, 32), float("nan"), device=DEV)
+        decode_ws.launch(q, k_cache, v_cache, tables, seq_lens, 128**-0.5, window, 32, q.clone(), part, lse, config)
+        assert not torch.isnan(part).any() and not torch.isnan(lse).any()
+        for i, half in enumerate(halved):  # (splits past the range are empty too: 100 keys fill two of 16)
+            assert bool(torch.isneginf(lse[i, :, 16:]).all()) == half, (window, i)
+            assert bool((part[i, :, 16:] == 0).all()) == half, (window, i)
+            assert torch.isfinite(lse[i, :, 0]).all(), (window, i)
+        out, ref = decode_case(lens, 16, 32, 8, 128, torch.float16, window, 32, config)
+        assert_close(out, ref, torch.float16)

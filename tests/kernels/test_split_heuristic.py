@@ -1,6 +1,8 @@
 """The decode split-count heuristic (plain Python, no GPU): its decisions and its wave model, and the decode plan
 built on it (kernels/attention/plan.py: which config, how many splits, the Triton fallback's config)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,10 +19,11 @@ def choose(batch, kv_heads, ctx, group=4, **hw):
 
 
 # sm_90's configs at head_dim 128 that a grid of one wave can plan: deep Triton, one-CTA Gluon (and its short-split
-# variant), two-CTA Gluon
-DEEP, WS, SHORT, WAVES = (TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128),
-                          TABLES["sm_90"].decode_ws_config(128, short=True),
-                          TABLES["sm_90"].decode_ws_config(128, waves=True))  # fmt: skip
+# variant), two-CTA Gluon (and its variant for long splits)
+DEEP, WS, SHORT, WAVES, LONG = (TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128),
+                                TABLES["sm_90"].decode_ws_config(128, short=True),
+                                TABLES["sm_90"].decode_ws_config(128, waves=True),
+                                TABLES["sm_90"].decode_ws_config(128, long=True))  # fmt: skip
 
 
 def test_a_full_batch_is_not_split():
@@ -109,8 +112,9 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     table = TABLES["sm_90"]
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, WAVES)  # 256 units: one wave of two CTAs per SM, not of one
-        assert plan(1, 131072, dev90) == (16, WS)  # 8 units: one wave of the Gluon kernel's one CTA per SM
-        assert plan(1, 131072, dev90, torch.bfloat16) == (16, WS)
+        # 8 units: one wave of the Gluon kernel's one CTA per SM would split 16 ways into 8192 keys: two CTAs per SM
+        assert plan(1, 131072, dev90) == (32, LONG)
+        assert plan(1, 131072, dev90, torch.bfloat16) == (32, LONG)
         assert plan(1, 32768, dev90) == (16, SHORT)  # splits of 2048 keys: the short-split config
         assert plan(1, 2048, dev90) == (16, SHORT)  # 128 keys per split (at two CTAs per SM 32 would read 64)
         # grids the one-CTA config would split 2-8 ways: two CTAs per SM, twice the splits
@@ -146,7 +150,7 @@ def test_short_splits_take_the_short_split_config_at_the_same_count():
         for batch, ctx, count in ((1, 4096, 16), (1, 32768, 16), (12, 2048, 1), (16, 2048, 1)):
             plan = decode_plan(*plan_inputs(batch, ctx), sm90)
             assert plan == (count, SHORT), (batch, ctx, plan)  # 256, 2048, 2048 and 2048 keys per split
-        assert decode_plan(*plan_inputs(1, 32768 + 16), sm90) == (16, WS)  # 2049 keys per split
+        assert decode_plan(*plan_inputs(1, 32768 + 16), sm90) == (32, LONG)  # 2049 keys per split (the next test)
         assert decode_plan(*plan_inputs(12, 4096), sm90) == (1, WS)  # unsplit over 4096 keys
         assert decode_plan(*plan_inputs(2, 2048), sm90) == (16, WAVES)  # 8-way on one CTA: the two-CTA config first
         assert decode_plan(*plan_inputs(1, 4096, 28, 4), sm90) == (32, SHORT)  # 4 units, 32 splits of 128 keys
@@ -154,6 +158,33 @@ def test_short_splits_take_the_short_split_config_at_the_same_count():
         assert decode_plan(*plan_inputs(1, 4096, 4, 1, 256), sm90)[1] == TABLES["sm_90"].decode_ws_config(256)
     assert decode_plan(*plan_inputs(1, 4096), sm90, gluon=False)[1] == DEEP
     assert decode_plan(*plan_inputs(1, 4096, dtype=torch.float32), sm90)[1] == TABLES["sm_90"].decode_config(128)
+
+
+def test_long_splits_take_the_halving_two_cta_config_at_twice_the_count():
+    """A one-wave grid the one-CTA Gluon config would split 16 ways (5-8 units) into splits of more than
+    SHORT_SPLIT_KEYS keys runs the two-CTA kernel at 32 splits, on the config that halves them for a sequence whose
+    visible range 16 read in 256 keys each; not at other counts, other head_dims, fp32 or Triton."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    assert splits.LONG_TWO_CTA_COUNTS == (16,)
+    assert LONG == dataclasses.replace(WAVES, half_splits_keys=256)
+    assert all(c.half_splits_keys == 0 for c in (WS, SHORT, WAVES))
+    if decode_ws.available(sm90, 4, 16):
+        for batch, ctx, q_heads, kv_heads in ((1, 131072, 32, 8), (1, 32768 + 16, 32, 8), (2, 65536, 16, 4),
+                                              (1, 65536, 20, 5)):  # fmt: skip
+            plan = decode_plan(*plan_inputs(batch, ctx, q_heads, kv_heads), sm90)
+            assert plan == (32, LONG), (batch, ctx, q_heads, kv_heads, plan)
+        assert decode_plan(*plan_inputs(1, 32768), sm90) == (16, SHORT)  # 2048 keys per split
+        assert decode_plan(*plan_inputs(1, 131072, 28, 4), sm90) == (32, WS)  # 4 units: 32 ways, not 16
+        assert decode_plan(*plan_inputs(1, 131072, 32, 32), sm90) == (8, WAVES)  # 32 units: 4 ways on one CTA
+        assert decode_plan(*plan_inputs(1, 131072, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_ws_config(64)
+        assert decode_plan(*plan_inputs(1, 131072, 8, 4, 256), sm90)[1] == TABLES["sm_90"].decode_ws_config(256)
+        # a given count: the long config's own, else the next config whose own count it is
+        assert decode_plan(*plan_inputs(1, 131072), sm90, num_splits=32) == (32, LONG)
+    assert decode_plan(*plan_inputs(1, 131072), sm90, gluon=False)[1] == DEEP
+    assert decode_plan(*plan_inputs(1, 131072, dtype=torch.float32), sm90)[1] == TABLES["sm_90"].decode_config(128)
+    for arch, table in TABLES.items():  # sm_90 at head_dim 128 only
+        assert set(table.decode_ws_long) == ({128} if arch == "sm_90" else set()), arch
+    assert TABLES["sm_90"].decode_ws_config(128, torch.float32, long=True) is None
 
 
 def test_decode_plan_of_a_grid_of_several_waves():
@@ -253,7 +284,7 @@ def test_a_planned_split_count_runs_the_config_it_was_planned_with(sm_count):
     dev = sim_device((9, 0), sm_count=sm_count)
     for kv_heads in (1, 8, 32):
         for batch in (1, 2, 8, 32, 128):
-            for ctx in (128, 512, 2048, 32768):
+            for ctx in (128, 512, 2048, 32768, 131072):
                 q, k_cache, tables = plan_inputs(batch, ctx, kv_heads=kv_heads)
                 count, config = decode_plan(q, k_cache, tables, dev)
                 assert decode_plan(q, k_cache, tables, dev, count) == (count, config), (kv_heads, batch, ctx)
