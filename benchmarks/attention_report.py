@@ -45,6 +45,15 @@ def _short(res) -> str:
     return f" (where its splits read at most {SHORT_SPLIT_KEYS} keys: {short})" if short not in (None, "None") else ""
 
 
+def _rounds(res) -> str:
+    """How the compared times were taken (results written before the rounds have one measurement each)."""
+    rounds = {len(r["rounds_us"]["ours_us"]) for r in res["decode"] if "rounds_us" in r}
+    if not rounds:
+        return ""
+    return (f" Ours, best fixed and SDPA: the median of {max(rounds)} interleaved measurements, each the median of a "
+            "graph's replays (the sweep that picks the best fixed choice: one each).")  # fmt: skip
+
+
 def _long(res) -> str:
     """The long-split config's clause of the configs line (results written before it existed have none)."""
     long = res.get("decode_ws_long_config")
@@ -65,7 +74,8 @@ def markdown(res):
         f"prefill config {res['prefill_config']} (warp-specialized: {res.get('prefill_ws_config')}).", "",
         "## Decode (paged, block 16; CUDA-graph replays, L2 defeated)", "",
         "ours: the calls launched with programmatic dependent launch where the arch has it (each call's prologue "
-        "runs under the previous call's last kernel); no PDL: the same plan without it.", "",
+        "runs under the previous call's last kernel); no PDL: the same plan without it."
+        + _rounds(res), "",
         "| dtype | heads | B | L | KV MB | heuristic (config, splits) | ours us | no PDL us "
         "| best fixed (config, splits) us | SDPA us | speedup vs SDPA | ours BW frac | SDPA BW frac |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

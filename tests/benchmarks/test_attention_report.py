@@ -44,6 +44,10 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     long = markdown({**res, "decode_ws_long_config": "WL"})
     assert "(where its splits read at most 2048 keys: WS) (where it would split 16 ways into longer splits: WL" in long
     assert "into longer splits" not in text  # a result written before the long-split config names none
+    assert "interleaved" not in text  # nor one written before the rounds
+    rounds = {"ours_us": [121.0, 120.0, 120.5], "sdpa_us": [125.0, 126.0, 125.5]}
+    timed = markdown({**res, "decode": [{**res["decode"][0], "rounds_us": rounds}]})
+    assert "Ours, best fixed and SDPA: the median of 3 interleaved measurements" in timed
 
 
 def _prefill_row(ours, sdpa=None, prefix=0, batch=4):
