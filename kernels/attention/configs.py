@@ -99,6 +99,9 @@ class WsDecodeConfig:
     # many keys each runs on that half, the other half empty: a split count chosen on the device, per sequence, from
     # two the grid holds (decode_ws_long)
     half_splits_keys: int = 0
+    # registers per thread (decode_ws.launch_options): at 128 a CTA of another call (the next one, launched early)
+    # can share the SM; above 128 it cannot (decode_ws_short says where that measured faster)
+    registers: int = 128
 
 
 @dataclass(frozen=True, slots=True)

@@ -309,9 +309,10 @@ if gluon is not None:
         ], [1], [24])  # fmt: skip
 
 
-# one consumer warpgroup plus the loader warp, which Triton pads to a second warpgroup: 256 threads x 128 registers,
-# so at most two CTAs per SM
-LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)
+def launch_options(config) -> dict:
+    """One consumer warpgroup plus the loader warp, which Triton pads to a second warpgroup: 256 threads x the
+    config's registers per thread (128: two CTAs fit per SM; above, one)."""
+    return dict(num_warps=4, maxnreg=config.registers)
 
 
 def query_columns(group: int) -> int:
@@ -360,6 +361,6 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
         STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl,
         EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys if num_splits > 1 else 0,
-        **pdl_options(pdl), **LAUNCH_OPTIONS,
+        **pdl_options(pdl), **launch_options(config),
     )  # fmt: skip
     return out

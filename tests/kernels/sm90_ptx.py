@@ -73,7 +73,7 @@ def gluon_decode_ptx(config, head_dim=128) -> str:
     consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
                   PAGE=page, LANES=decode_ws.page_lanes(config, page), DIRECT=False, PDL=True,
                   EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys)  # fmt: skip
-    return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.LAUNCH_OPTIONS)
+    return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.launch_options(config))
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ def test_ws_configs_hold_exactly_the_ctas_per_sm_the_plan_counts():
         for head_dim, config in configs.items():
             for group in (1, 4, 7, 8, 16, 64):
                 per_cta = decode_ws.smem_bytes(config, head_dim, 2, group) + 1024
-                resident = min(228 * 1024 // per_cta, 65536 // (256 * decode_ws.LAUNCH_OPTIONS["maxnreg"]))
+                resident = min(228 * 1024 // per_cta, 65536 // (256 * decode_ws.launch_options(config)["maxnreg"]))
                 assert resident == config.ctas_per_sm, (head_dim, config, group)
     # the short-split config runs one-wave grids of one CTA per SM (the plan's count), though two would fit
     for head_dim, config in table.decode_ws_short.items():
@@ -193,3 +193,11 @@ def test_the_long_split_config_halves_the_splits_of_short_sequences():
             assert torch.isfinite(lse[i, :, 0]).all(), (window, i)
         out, ref = decode_case(lens, 16, 32, 8, 128, torch.float16, window, 32, config)
         assert_close(out, ref, torch.float16)
+
+
+def test_launch_options_take_the_configs_registers():
+    """128 registers per thread let two CTAs of 256 threads share an SM's 64K; more leave room for one."""
+    assert decode_ws.launch_options(WsDecodeConfig(64, 2, 1)) == {"num_warps": 4, "maxnreg": 128}
+    for registers, per_sm in ((128, 2), (168, 1)):
+        options = decode_ws.launch_options(WsDecodeConfig(64, 2, 1, registers=registers))
+        assert 65536 // (256 * options["maxnreg"]) == per_sm
