@@ -313,7 +313,13 @@ TABLES: dict[str, ArchTable] = {
         # decode_ws: B=1 L=128k (8k keys per split) 1.014x, unsplit 32/8 B=12 L=4k 1.039x, 32/32 B=4 L=4k 0.987x.
         # A 3-stage ring with the early release: 0.862-1.044x. In the attention grid's sweep the same kernel at 16
         # splits took 7.95 / 7.98 us at B=1 L=4k against decode_ws's 8.44 / 8.49 (fp16 / bf16; SDPA 12.08 / 12.07).
-        decode_ws_short={128: WD(64, 2, 1, early_k_release=True)},
+        # It runs at 168 registers per thread, so that no other CTA fits beside one (at 128 the next call's CTAs,
+        # launched early, share its SMs): on the H200 (2026-11-30 20:2x UTC, medians of 20 interleaved
+        # measurements, the plan's counts) 168 against 128 registers took at 32/8 B=1 L=4k 7.75 against 8.01 us
+        # fp16 (1.53x SDPA's 11.86) and 7.89 against 8.12 bf16, L=2k 6.25 against 6.33, 8k 12.05 against 12.27, 16k
+        # 20.28 against 20.45, 32k 35.02 against 35.50; unsplit B=16 L=2k 33.81 against 33.91; 28/4 B=1 L=8k
+        # (32 splits) 8.05 against 8.12. The outputs are bit-identical.
+        decode_ws_short={128: WD(64, 2, 1, early_k_release=True, registers=168)},
         # at head_dim 128 the one-wave grids decode_ws would split 16 ways (B=1 with 5-8 KV heads) into splits of
         # more than splits.SHORT_SPLIT_KEYS keys (a long context bound: the engine plans with max_model_len) run the
         # two-CTA config at 32 splits, where a sequence that 16 splits read in at most 256 keys each (L <= 4k) uses

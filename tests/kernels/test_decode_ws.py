@@ -36,18 +36,19 @@ def test_only_sm90_has_a_warp_specialized_decode_config():
 
 def test_ws_configs_hold_exactly_the_ctas_per_sm_the_plan_counts():
     """The plan's wave is ctas_per_sm CTAs per SM. Resident per SM: what the H200's 228 KB hold (1 KB of it
-    reserved per CTA), at most two by registers (256 threads: the loader warp is padded to a warpgroup, x 128)."""
+    reserved per CTA) and its 64K registers (256 threads: the loader warp is padded to a warpgroup, x the config's
+    registers per thread)."""
     table = TABLES["sm_90"]
-    for configs in (table.decode_ws, table.decode_ws_waves, table.decode_ws_long):
+    for configs in (table.decode_ws, table.decode_ws_waves, table.decode_ws_long, table.decode_ws_short):
         for head_dim, config in configs.items():
             for group in (1, 4, 7, 8, 16, 64):
                 per_cta = decode_ws.smem_bytes(config, head_dim, 2, group) + 1024
                 resident = min(228 * 1024 // per_cta, 65536 // (256 * decode_ws.launch_options(config)["maxnreg"]))
                 assert resident == config.ctas_per_sm, (head_dim, config, group)
-    # the short-split config runs one-wave grids of one CTA per SM (the plan's count), though two would fit
+    # the short-split config: the two-CTA config's ring at one CTA per SM, held there by its registers
     for head_dim, config in table.decode_ws_short.items():
-        assert config.ctas_per_sm == table.decode_ws[head_dim].ctas_per_sm == 1
-        assert 228 * 1024 // (decode_ws.smem_bytes(config, head_dim, 2, 64) + 1024) >= 1
+        assert config.ctas_per_sm == table.decode_ws[head_dim].ctas_per_sm == 1 and config.registers > 128
+        assert 228 * 1024 // (decode_ws.smem_bytes(config, head_dim, 2, 64) + 1024) >= 2  # shared memory for two
 
 
 def test_query_columns_pad_the_group_for_wgmma():
@@ -126,6 +127,17 @@ def test_ws_decode_tile_shapes(block_n, stages, page, early_k):
     for window, splits in RUNS[1:4]:
         out, ref = decode_case(LENS, page, 32, 8, 128, torch.float16, window, splits, config)
         assert_close(out, ref, torch.float16)
+
+
+@needs_sm90
+def test_the_short_split_config_at_its_registers_matches_reference():
+    """decode_ws_short (the two-CTA config's ring compiled at more registers per thread) over ragged lengths,
+    windows and 1-32 splits."""
+    config = TABLES["sm_90"].decode_ws_config(128, short=True)
+    assert config.registers > 128
+    for window, splits in RUNS:
+        out, ref = decode_case(LENS, 16, 32, 8, 128, torch.bfloat16, window, splits, config)
+        assert_close(out, ref, torch.bfloat16)
 
 
 @needs_sm90

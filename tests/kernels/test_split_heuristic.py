@@ -144,7 +144,7 @@ def test_short_splits_take_the_short_split_config_at_the_same_count():
     and the Triton configs have no such config."""
     sm90 = sim_device((9, 0), sm_count=132)
     assert splits.SHORT_SPLIT_KEYS == 2048
-    assert (SHORT.ctas_per_sm, SHORT.num_stages, SHORT.early_k_release) == (1, 2, True)
+    assert (SHORT.ctas_per_sm, SHORT.num_stages, SHORT.early_k_release, SHORT.registers) == (1, 2, True, 168)
     assert (WS.ctas_per_sm, WS.num_stages) == (1, 4)
     if decode_ws.available(sm90, 4, 16):
         for batch, ctx, count in ((1, 4096, 16), (1, 32768, 16), (12, 2048, 1), (16, 2048, 1)):
@@ -168,6 +168,7 @@ def test_long_splits_take_the_halving_two_cta_config_at_twice_the_count():
     assert splits.LONG_TWO_CTA_COUNTS == (16,)
     assert LONG == dataclasses.replace(WAVES, half_splits_keys=256)
     assert all(c.half_splits_keys == 0 for c in (WS, SHORT, WAVES))
+    assert LONG.registers == WAVES.registers == 128  # two CTAs per SM
     if decode_ws.available(sm90, 4, 16):
         for batch, ctx, q_heads, kv_heads in ((1, 131072, 32, 8), (1, 32768 + 16, 32, 8), (2, 65536, 16, 4),
                                               (1, 65536, 20, 5)):  # fmt: skip
