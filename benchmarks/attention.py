@@ -5,9 +5,11 @@
 
 Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16, shuffled blocks); the heuristic's
 config and split count against fixed split counts for each of the arch's decode configs (the Triton config, the
-deep one-wave config and, on sm_90, the warp-specialized Gluon kernel's two - one and two CTAs per SM: `gluon
-blk/stages`), timed as CUDA-graph replays of at least 16 calls over enough KV copies to defeat the L2 (>= 256 MB
-per replay), against SDPA on contiguous KV and the device-to-device copy bandwidth measured in the same run; the
+deep one-wave config and, on sm_90, the warp-specialized Gluon kernel's one- and two-CTA configs, `gluon
+blk/stages`, plus the plan's own where it is another: the short- or long-split config), timed as CUDA-graph replays
+of at least 16 calls over enough KV copies to defeat the L2 (>= 256 MB per replay); the plan, the best fixed choice
+and SDPA on contiguous KV again as the median of ROUNDS interleaved measurements; and the device-to-device copy
+bandwidth measured in the same run; the
 plan is also timed without programmatic dependent launch (sm_90), and a decode step (the KV write, then decode)
 with and without it. Prefill: causal, heads 32/8, head_dim 128, TFLOP/s against SDPA (K/V expanded to 32 heads) for
 fresh sequences, on the engine's path (the chunk's own K/V rows; the dispatch's kernel and the Triton kernel) and
@@ -172,8 +174,8 @@ def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
 
 def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
     """The heuristic's plan (config and splits; or `config` forced) against a sweep of fixed split counts for
-    every decode config of the arch (the shallow one and, where there are, the deep one and the Gluon kernel's),
-    and SDPA."""
+    every decode config of the arch (the shallow one and, where there are, the deep one and the Gluon kernel's
+    one- and two-CTA ones, plus the plan's config where it is another), and SDPA."""
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx)
     out = torch.empty_like(q)
 
@@ -186,6 +188,8 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
         table = table_for(device)
         candidates = [table.decode_config(HEAD_DIM, dtype)]
         candidates += reversed(plan.one_wave_configs(table, HEAD_DIM, dtype, ws))
+        if chosen not in candidates:  # the short- and long-split configs: the plan's own, at every count too
+            candidates.append(chosen)
     else:
         heur, chosen, candidates = plan.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
@@ -203,8 +207,8 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
     best = min(row["sweep_us"], key=row["sweep_us"].get)
     row["best_fixed"] = best
     # the three times the row compares, each the median of ROUNDS interleaved measurements: a latency-bound row's
-    # single measurement moved with the GPU's state between them (B=1 L=4k GQA on one H200, 20 measurements: 7.38
-    # once, 7.93-8.14 otherwise), and the least would take the rare fast one
+    # single measurement moved with the GPU's state between them (B=1 L=4k GQA on one H200, 20 measurements of the
+    # short-split config at 128 registers: 7.38 once, 7.93-8.14 otherwise), and the least would take a rare one
     calls = {"ours_us": ours(heur, chosen), "sdpa_us": sdpa_calls(q, kv_heads, ctx, perm.shape[0])}
     if args[best] != (heur, chosen):
         calls["best_fixed_us"] = ours(*args[best])

@@ -55,7 +55,7 @@ def _rounds(res) -> str:
     if not rounds:
         return ""
     return (f" Ours, best fixed and SDPA: the median of {max(rounds)} interleaved measurements, each the median of a "
-            "graph's replays (the sweep that picks the best fixed choice: one each).")  # fmt: skip
+            "graph's replays (no PDL, and the sweep that picks the best fixed choice: one each).")  # fmt: skip
 
 
 def _long(res) -> str:

@@ -24,8 +24,9 @@ Facts the tables rest on (per SM unless said otherwise):
   warp-specialized Gluon prefill (`prefill_ws`: two 64-row warpgroups, one CTA
   per SM) runs instead. Decode wants many CTAs in flight (see splits.py), or,
   on a grid of one wave, deeper pipelines (`decode_deep`) or the warp-specialized
-  Gluon kernel (`decode_ws`, `decode_ws_short` where its splits are short, and
-  `decode_ws_waves` for larger grids);
+  Gluon kernel (`decode_ws`, `decode_ws_short` where its splits are short,
+  `decode_ws_waves` for larger grids and `decode_ws_long` for one-wave grids of
+  long splits);
   `plan.decode_plan` says which config takes which grid.
 
 Decode is memory-bound: its tile is one KV chunk of BLOCK_N tokens for the
@@ -85,13 +86,13 @@ class WsPrefillConfig:
 @dataclass(frozen=True, slots=True)
 class WsDecodeConfig:
     """The warp-specialized Gluon decode of `decode_ws.py` (one loader warp, one wgmma consumer warpgroup); the
-    table's `decode_ws`, `decode_ws_short` and `decode_ws_waves` hold them, `plan.decode_plan` picks one and its
-    split count."""
+    table's `decode_ws`, `decode_ws_short`, `decode_ws_waves` and `decode_ws_long` hold them, `plan.decode_plan`
+    picks one and its split count."""
 
     block_n: int  # KV tokens per tile
     num_stages: int  # K/V tiles in the loader's ring
-    # CTAs per SM the plan counts as a wave: what its shared memory admits (decode_ws_short: 1, where 2 would fit;
-    # it runs one-wave grids of one CTA per SM)
+    # CTAs per SM the plan counts as a wave: what its shared memory and its registers (below) admit
+    # (decode_ws_short: shared memory for 2, registers for 1)
     ctas_per_sm: int
     # release a stage's K once its QK product completes (else K and V together, after PV); the table says where
     early_k_release: bool = False
@@ -320,7 +321,8 @@ TABLES: dict[str, ArchTable] = {
         # 20.28 against 20.45, 32k 35.02 against 35.50; unsplit B=16 L=2k 33.81 against 33.91; 28/4 B=1 L=8k
         # (32 splits) 8.05 against 8.12. The outputs are bit-identical.
         decode_ws_short={128: WD(64, 2, 1, early_k_release=True, registers=168)},
-        # at head_dim 128 the one-wave grids decode_ws would split 16 ways (B=1 with 5-8 KV heads) into splits of
+        # at head_dim 128 the one-wave grids decode_ws would split 16 ways (5-8 (sequence, KV head) units: B=1 with
+        # 5-8 KV heads, B=2 with 3-4) into splits of
         # more than splits.SHORT_SPLIT_KEYS keys (a long context bound: the engine plans with max_model_len) run the
         # two-CTA config at 32 splits, where a sequence that 16 splits read in at most 256 keys each (L <= 4k) uses
         # 16 of them (half_splits_keys). On the H200 (2026-11-30, fp16, best of 5 interleaved, two probes), against

@@ -1,8 +1,8 @@
 """Paged decode attention for sm_90 in Gluon: a TMA loader warp and one wgmma consumer warpgroup.
 
 Used where it measured faster than the Triton kernel of `decode.py` (the sm_90 table's `decode_ws`,
-`decode_ws_short` and `decode_ws_waves` in `configs.py`, with the measurements; `plan.decode_plan` says which config
-takes which grid).
+`decode_ws_short`, `decode_ws_waves` and `decode_ws_long` in `configs.py`, with the measurements; `plan.decode_plan`
+says which config takes which grid).
 One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of

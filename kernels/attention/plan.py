@@ -25,11 +25,12 @@ def decode_plan(
     several waves (many_wave_config) with the wave model's split count (decode_splits).
 
     On sm_90 in fp16/bf16 (where Gluon is there) that makes, at head_dim 128: the Gluon kernel at one CTA per SM on
-    one-wave grids it runs unsplit or splits 16+ ways (or 2-8 ways where twice the splits would read under
-    DEEP_MIN_TOKENS keys), on its 2-stage short-split ring where the splits read at most SHORT_SPLIT_KEYS keys; at
-    two CTAs per SM on the other one-wave grids it would split 2-8 ways (with twice the splits), on those it would
-    split 16 ways into longer splits (with 32, each sequence that 16 read in SHORT_SPLIT_KEYS keys each using 16 of
-    them: decode_ws_long) and on larger grids.
+    one-wave grids it runs unsplit, splits 32+ ways, or 16 ways into splits of at most SHORT_SPLIT_KEYS keys (or 2-8
+    ways where twice the splits would read under DEEP_MIN_TOKENS keys), on its 2-stage short-split ring where the
+    splits read at most SHORT_SPLIT_KEYS keys; at two CTAs per SM on the other one-wave grids it would split 2-8 ways
+    (with twice the splits), on those it would split 16 ways into longer splits (with 32, each sequence that 16
+    read in at most the config's half_splits_keys keys each using 16 of them: decode_ws_long) and on larger
+    grids.
     At head_dim 64 the one-CTA Gluon config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon
     config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
     count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only

@@ -31,10 +31,11 @@ each sequence's own length (read on the device) among that many splits, so a
 too-large count costs only some empty CTAs, never correctness.
 
 A second, simpler rule picks a one-wave config (the arch's `decode_ws` Gluon
-kernel, `decode_ws_waves` or its `decode_deep` Triton config: more K/V tiles
-loaded ahead per CTA, so fewer CTAs per SM; plan.decode_plan says which takes
-which grid, TWO_CTA_COUNTS and SHORT_SPLIT_KEYS below the measurements behind
-it) when the whole grid fits one wave of it:
+kernel, `decode_ws_short`, `decode_ws_waves`, `decode_ws_long` or its
+`decode_deep` Triton config: more K/V tiles loaded ahead per CTA, so fewer CTAs
+per SM; plan.decode_plan says which takes which grid, TWO_CTA_COUNTS,
+SHORT_SPLIT_KEYS and LONG_TWO_CTA_COUNTS below the measurements behind it) when
+the whole grid fits one wave of it:
 with units = batch * kv_heads <= slots = sm_count * ctas_per_sm, the split count
 is the largest power of two <= slots // units (a power of two keeps every
 split's tiles whole and the reduce's tile tight: 33 splits of 32k keys ran 3%
@@ -70,7 +71,8 @@ DEEP_MIN_TOKENS = 128
 # runs the grid instead. On the H200 (2026-11-30, swapped-operand consumer, fp16 head_dim 128, GQA 32/8 B=1-16 and
 # MHA B=1-4 at L=1k/4k/16k, each config at its own one-wave count): where the one-CTA config splits 2-8 ways the
 # two-CTA one took 1.2-8.4% less time on 19 of 20 shapes (32/8 B=3 L=16k 52.6 vs 57.4 us; 3% more at B=6 L=16k); at 16
-# ways (B=1 GQA; 32 splits) 4.5% more at L=4k; unsplit (96-128 units) up to 6% more at L=1k-4k, within 0.5% at 16k.
+# ways (B=1 GQA; 32 splits) 4.5% more at L=4k (but see LONG_TWO_CTA_COUNTS for longer splits); unsplit (96-128 units)
+# up to 6% more at L=1k-4k, within 0.5% at 16k.
 TWO_CTA_COUNTS = (2, 4, 8)
 # Keys per split at most which a one-wave grid of the one-CTA Gluon config runs the table's decode_ws_short (a
 # shallower ring) instead; configs.py's sm_90 table has the measurements: less time on every grid of splits of 2048

@@ -86,7 +86,9 @@ def main() -> None:
         ),
     }  # fmt: skip
     if gluon_sm90.gluon is not None:
-        for name, kind in (("decode_ws", {}), ("decode_ws_waves", {"waves": True}), ("decode_ws_long", {"long": True})):
+        kinds = {"decode_ws": {}, "decode_ws_waves": {"waves": True}, "decode_ws_long": {"long": True},
+                 "decode_ws_short": {"short": True}}  # fmt: skip
+        for name, kind in kinds.items():
             report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, **kind)))
         report["decode_ws_256"] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(256), 256))
     print(json.dumps(report))

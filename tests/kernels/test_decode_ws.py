@@ -130,6 +130,16 @@ def test_ws_decode_tile_shapes(block_n, stages, page, early_k):
 
 
 @needs_sm90
+def test_the_long_split_config_matches_reference_at_any_count():
+    """decode_ws_long over ragged lengths, windows and 1-32 splits (at 1 split the halving is off; at 3 a sequence
+    of at most 256 visible keys runs on 1)."""
+    config = TABLES["sm_90"].decode_ws_config(128, long=True)
+    for window, splits in RUNS:
+        out, ref = decode_case(LENS, 16, 32, 8, 128, torch.float16, window, splits, config)
+        assert_close(out, ref, torch.float16)
+
+
+@needs_sm90
 def test_the_short_split_config_at_its_registers_matches_reference():
     """decode_ws_short (the two-CTA config's ring compiled at more registers per thread) over ragged lengths,
     windows and 1-32 splits."""
@@ -190,16 +200,17 @@ def test_the_long_split_config_halves_the_splits_of_short_sequences():
     with a window that makes a long sequence short. The partials are checked, then the merged output."""
     config = TABLES["sm_90"].decode_ws_config(128, long=True)
     assert config.half_splits_keys == 256
-    lens = [100, 16 * 256, 16 * 256 + 1, 40000, 700]
+    lens = [100, 16 * 256, 16 * 256 + 1, 40000, 2000]
     k_cache, v_cache, tables = make_paged(lens, 16, 8, 128, torch.float16)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     q = torch.randn(len(lens), 32, 128, device=DEV).to(torch.float16)
-    for window, halved in ((None, [True, True, False, False, True]), (1000, [True] * 5)):
+    for window, halved in ((None, [True, True, False, False, True]), (1100, [True] * 5)):
         part = torch.full((len(lens), 32, 32, 128), float("nan"), device=DEV)
         lse = torch.full((len(lens), 32, 32), float("nan"), device=DEV)
         decode_ws.launch(q, k_cache, v_cache, tables, seq_lens, 128**-0.5, window, 32, q.clone(), part, lse, config)
         assert not torch.isnan(part).any() and not torch.isnan(lse).any()
-        for i, half in enumerate(halved):  # (splits past the range are empty too: 100 keys fill two of 16)
+        # unhalved, every length but 100 would reach split 16 (with the window: 1104-1152 visible keys, 18 splits)
+        for i, half in enumerate(halved):
             assert bool(torch.isneginf(lse[i, :, 16:]).all()) == half, (window, i)
             assert bool((part[i, :, 16:] == 0).all()) == half, (window, i)
             assert torch.isfinite(lse[i, :, 0]).all(), (window, i)

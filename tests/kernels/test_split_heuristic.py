@@ -101,9 +101,10 @@ def test_deep_pipeline_is_not_for_many_waves_or_short_splits():
 
 def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     """sm_90 at head_dim 128 (where Gluon is there): the Gluon kernel at one CTA per SM on a grid of one wave of
-    it that it runs unsplit or splits 16+ ways (its short-split config where the splits read at most
-    SHORT_SPLIT_KEYS keys), at two CTAs per SM on the other one-wave grids (grids of several waves: the next test);
-    the Triton configs elsewhere."""
+    it that it runs unsplit, splits 32+ ways, or 16 ways into splits of at most SHORT_SPLIT_KEYS keys (its
+    short-split config where the splits read at most SHORT_SPLIT_KEYS keys), at two CTAs per SM on the other
+    one-wave grids, those it would split 16 ways into longer splits included (grids of several waves: the next
+    test); the Triton configs elsewhere."""
     dev90, dev80 = sim_device((9, 0), sm_count=132), sim_device((8, 0), sm_count=108)
 
     def plan(batch, ctx, dev, dtype=torch.float16, gluon=True):
