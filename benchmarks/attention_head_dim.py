@@ -22,14 +22,12 @@ Writes attention_head_dim_<head_dim>_<device>.json and .md under --out and print
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from benchmarks.attention import decode_calls, decode_inputs, prefill_inputs, sdpa_calls, sdpa_prefill, time_ms
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
-from benchmarks.report import device_header, result_stem, save_results, versions_line
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan, prefill
 from kernels.attention.configs import table_for
 from kernels.device import get_device_info
@@ -129,9 +127,8 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = results_parser(__doc__)
     parser.add_argument("--head-dim", type=int, default=256)
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     device = get_device_info()
     res = {**device_header(device), "head_dim": args.head_dim, "copy_gbs": copy_bandwidth_gbs(), "decode": [],

@@ -22,7 +22,6 @@ Writes decode_floor_<device>.json and .md under --out and prints the table.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
@@ -31,7 +30,7 @@ import triton.language as tl
 
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import device_header, result_stem, save_results, versions_line
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode, decode_ws, plan, splits
 from kernels.attention.configs import table_for
 from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
@@ -126,9 +125,7 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    args = results_parser(__doc__).parse_args()
     device = gluon_decode_device(Q_HEADS // KV_HEADS)
     config = table_for(device).decode_ws_config(HEAD_DIM, torch.float16)
     pdl = dependent_launch(device)

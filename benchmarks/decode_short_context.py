@@ -18,13 +18,11 @@ Writes decode_short_context_<device>.json and .md under --out and prints the tab
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us
-from benchmarks.report import device_header, result_stem, save_results, versions_line
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan, splits
 
 SHAPES = [  # (q_heads, kv_heads, head_dim, batch, context)
@@ -86,9 +84,7 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    args = results_parser(__doc__).parse_args()
     device = gluon_decode_device(group=4)
     res = {**device_header(device), "rounds": ROUNDS, "rows": []}
     for shape in SHAPES:

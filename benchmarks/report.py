@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import platform
 from collections.abc import Callable
+
+
+def results_parser(doc: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser with `--out DIR`, where its results go (default benchmarks/results), described
+    by the first line of `doc`; the benchmark adds its own arguments."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--out", default="benchmarks/results")
+    return parser
 
 
 def versions(transformers: bool = False) -> dict:

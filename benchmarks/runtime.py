@@ -6,12 +6,13 @@ import argparse
 
 import torch
 
+from benchmarks.report import results_parser
+
 
 def tiny_or_gpu_args() -> tuple[argparse.Namespace, bool, torch.device]:
     """`--out DIR` and `--tiny` (a CPU check of the script with a tiny model, also taken when there is no GPU):
     (args, tiny, device)."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
+    ap = results_parser()
     ap.add_argument("--tiny", action="store_true", help="CPU check of the script with a tiny model")
     args = ap.parse_args()
     tiny = args.tiny or not torch.cuda.is_available()

@@ -15,7 +15,6 @@ Writes vision_<device>.json and .md under --out and prints the tables.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import result_stem, save_results, versions, versions_line
+from benchmarks.report import result_stem, results_parser, save_results, versions, versions_line
 from tests.llm.tiny import rel_err
 
 CLIP_L336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -281,8 +280,7 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="benchmarks/results")
+    parser = results_parser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script)")
     args = parser.parse_args()
 

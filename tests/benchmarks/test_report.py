@@ -3,7 +3,7 @@
 import json
 import os
 
-from benchmarks.report import device_header, result_stem, save_results
+from benchmarks.report import device_header, result_stem, results_parser, save_results
 
 
 def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
@@ -21,3 +21,13 @@ def test_a_kernel_benchmark_result_starts_with_the_device_and_the_versions():
     header = device_header(device)
     assert (header["device"], header["arch"], header["sm_count"]) == ("NVIDIA H200", "sm_90", 132)
     assert {"date", "torch", "triton", "python"} <= header.keys()
+
+
+def test_a_benchmark_parser_takes_out_and_describes_itself_by_its_first_doc_line():
+    parser = results_parser("Decode at short contexts.\n\nMore text.")
+    assert parser.description == "Decode at short contexts."
+    assert parser.parse_args([]).out == "benchmarks/results"
+    parser.add_argument("--head-dim", type=int, default=256)
+    args = parser.parse_args(["--out", "/tmp/x", "--head-dim", "128"])
+    assert (args.out, args.head_dim) == ("/tmp/x", 128)
+    assert results_parser().description is None
