@@ -346,21 +346,26 @@ def descriptors(q, k_cache, v_cache, block_n: int):
     return q_desc, row_descriptor(k_cache, page, kv_layout), row_descriptor(v_cache, page, kv_layout)
 
 
+def constexprs(q_heads: int, kv_heads: int, head_dim: int, page: int, config, num_splits: int, pdl: bool) -> dict:
+    """The kernel's compile-time arguments for a call (launch; tests/kernels/sm90_ptx.py compiles with them)."""
+    return dict(
+        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
+        STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=num_splits == 1, PDL=pdl,
+        EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys if num_splits > 1 else 0,
+    )  # fmt: skip
+
+
 def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False):
     """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
     log-sum-exps for `decode._reduce_kernel`."""
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n)
-    direct = num_splits == 1
-    part_strides = (0, 0, 0) if direct else part.stride()[:3]
+    part_strides = (0, 0, 0) if num_splits == 1 else part.stride()[:3]
     _ws_decode_kernel[(kv_heads, batch, num_splits)](
         q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
-        out.stride(1), *part_strides,
-        Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
-        STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=direct, PDL=pdl,
-        EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys if num_splits > 1 else 0,
+        out.stride(1), *part_strides, **constexprs(q_heads, kv_heads, head_dim, page, config, num_splits, pdl),
         **pdl_options(pdl), **launch_options(config),
     )  # fmt: skip
     return out

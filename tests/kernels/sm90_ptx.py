@@ -70,9 +70,7 @@ def gluon_decode_ptx(config, head_dim=128) -> str:
     cache = torch.empty(64, page, 8, head_dim, dtype=torch.float16)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = dict(Q_HEADS=32, GROUP=4, HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
-                  PAGE=page, LANES=decode_ws.page_lanes(config, page), DIRECT=False, PDL=True,
-                  EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys)  # fmt: skip
+    consts = decode_ws.constexprs(32, 8, head_dim, page, config, num_splits=2, pdl=True)  # partials, halving
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.launch_options(config))
 
 
