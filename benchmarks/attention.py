@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.attention_report import config_name, markdown, targets
-from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
+from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us, interleaved_us
 from benchmarks.report import device_header, result_stem, save_results
 from kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
 from kernels.attention import splits as split_model
@@ -197,26 +197,22 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
     row["ours_us"] = graph_time_us(ours(heur, chosen))
     with pdl.without_dependent_launch(device):
         row["ours_no_pdl_us"] = graph_time_us(ours(heur, chosen))
-    row["sweep_us"], args = {}, {}
+    sweep = {}  # (splits, config): us
     for c in candidates:
         for s in SWEEP:
             if s <= split_model.MAX_SPLITS and s <= max(1, ctx // 64):
-                same = s == heur and c == chosen
-                name = f"{config_name(c)} S={s}"
-                row["sweep_us"][name], args[name] = row["ours_us"] if same else graph_time_us(ours(s, c)), (s, c)
-    best = min(row["sweep_us"], key=row["sweep_us"].get)
-    row["best_fixed"] = best
+                sweep[s, c] = row["ours_us"] if (s, c) == (heur, chosen) else graph_time_us(ours(s, c))
+    best = min(sweep, key=sweep.get)
+    row["sweep_us"] = {f"{config_name(c)} S={s}": us for (s, c), us in sweep.items()}
+    row["best_fixed"] = f"{config_name(best[1])} S={best[0]}"
     # the three times the row compares, each the median of ROUNDS interleaved measurements: a latency-bound row's
     # single measurement moved with the GPU's state between them (B=1 L=4k GQA on one H200, 20 measurements of the
     # short-split config at 128 registers: 7.38 once, 7.93-8.14 otherwise), and the least would take a rare one
     calls = {"ours_us": ours(heur, chosen), "sdpa_us": sdpa_calls(q, kv_heads, ctx, perm.shape[0])}
-    if args[best] != (heur, chosen):
-        calls["best_fixed_us"] = ours(*args[best])
-    row["single_us"] = {"ours_us": row["ours_us"], "best_fixed_us": row["sweep_us"][best]}
-    times = {k: [] for k in calls}
-    for _ in range(ROUNDS):
-        for k, fns in calls.items():
-            times[k].append(graph_time_us(fns))
+    if best != (heur, chosen):
+        calls["best_fixed_us"] = ours(*best)
+    row["single_us"] = {"ours_us": row["ours_us"], "best_fixed_us": sweep[best]}
+    times = interleaved_us(calls, ROUNDS)
     row.update({k: statistics.median(v) for k, v in times.items()})
     row.setdefault("best_fixed_us", row["ours_us"])
     row["rounds_us"] = times
@@ -329,7 +325,7 @@ def main():
            "decode_ws_short_config": str(table.decode_ws_config(HEAD_DIM, short=True)),
            "decode_ws_long_config": str(table.decode_ws_config(HEAD_DIM, long=True)),
            "prefill_config": str(table.prefill_config(HEAD_DIM)),
-           "prefill_ws_config": str(table.prefill_ws_config(HEAD_DIM))}  # fmt: skip
+           "prefill_ws_config": str(table.prefill_ws_config(HEAD_DIM)), "rounds": ROUNDS}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()
     dec_cfg = pre_cfg = None
     if args.tune and not args.prefill_only:

@@ -50,11 +50,13 @@ def _short(res) -> str:
 
 
 def _rounds(res) -> str:
-    """How the compared times were taken (results written before the rounds have one measurement each)."""
-    rounds = {len(r["rounds_us"]["ours_us"]) for r in res["decode"] if "rounds_us" in r}
+    """How the compared times were taken (results written before the rounds have one measurement each; those
+    written before `rounds` was recorded show it in their rows' `rounds_us`)."""
+    counted = (len(r["rounds_us"]["ours_us"]) for r in res["decode"] if "rounds_us" in r)
+    rounds = res.get("rounds") or max(counted, default=0)
     if not rounds:
         return ""
-    return (f" Ours, best fixed and SDPA: the median of {max(rounds)} interleaved measurements, each the median of a "
+    return (f" Ours, best fixed and SDPA: the median of {rounds} interleaved measurements, each the median of a "
             "graph's replays (no PDL, and the sweep that picks the best fixed choice: one each).")  # fmt: skip
 
 

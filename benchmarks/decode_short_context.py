@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
-from benchmarks.gpu_timing import graph_time_us
+from benchmarks.attention_report import config_name
+from benchmarks.gpu_timing import interleaved_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan, splits
 
@@ -50,14 +51,11 @@ def bench_shape(q_heads, kv_heads, head_dim, batch, ctx, device) -> dict:
     counts = sorted({count, one_tile, *(s for s in SWEEP if s <= max(1, ctx // config.block_n))})
     calls = {s: decode_calls(q, k_cache, v_cache, perm, seq_lens, s, out, config) for s in counts}
     calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, perm.shape[0])
-    best = {key: float("inf") for key in calls}
-    for _ in range(ROUNDS):
-        for key, fns in calls.items():
-            best[key] = min(best[key], graph_time_us(fns))
+    best = {key: min(us) for key, us in interleaved_us(calls, ROUNDS).items()}
     fixed = min(counts, key=lambda s: best[s])
     return {
         "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch, "ctx": ctx,
-        "kv_mb": kv_bytes / 2**20, "config": str(config), "splits": count, "plan_us": best[count],
+        "kv_mb": kv_bytes / 2**20, "config": config_name(config), "splits": count, "plan_us": best[count],
         "one_tile_splits": one_tile, "one_tile_us": best[one_tile], "best_fixed_splits": fixed,
         "best_fixed_us": best[fixed], "sdpa_us": best["sdpa"], "sweep_us": {str(s): best[s] for s in counts},
     }  # fmt: skip

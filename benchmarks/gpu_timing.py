@@ -9,6 +9,16 @@ import torch
 import triton
 
 
+def interleaved_us(calls: dict, rounds: int) -> dict:
+    """graph_time_us of each entry of `calls` (a key to a list of calls), in turn, `rounds` times over: the key to
+    its `rounds` timings. Interleaving spreads the GPU's changing state over every entry alike."""
+    times = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, fns in calls.items():
+            times[key].append(graph_time_us(fns))
+    return times
+
+
 def graph_time_us(fns, reps=None, min_calls=16):
     """Median microseconds per call of fns (a list of calls run in turn, repeated to at least `min_calls`),
     replayed as one CUDA graph. Several calls per replay keep the graph's launch latency (the GPU waits on the

@@ -49,6 +49,7 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     rounds = {"ours_us": [121.0, 120.0, 120.5], "sdpa_us": [125.0, 126.0, 125.5]}
     timed = markdown({**res, "decode": [{**res["decode"][0], "rounds_us": rounds}]})
     assert "Ours, best fixed and SDPA: the median of 3 interleaved measurements" in timed
+    assert "the median of 5 interleaved" in markdown({**res, "rounds": 5})  # as the result records it
 
 
 def _prefill_row(ours, sdpa=None, prefix=0, batch=4):
