@@ -67,7 +67,7 @@ def short_splits_config(table, config, head_dim: int, dtype, max_context: int, c
     reads at most SHORT_SPLIT_KEYS keys; `config` otherwise."""
     short = table.decode_ws_config(head_dim, dtype, short=True)
     one_cta = table.decode_ws_config(head_dim, dtype)
-    if short is None or config != one_cta or -(-max_context // count) > split_model.SHORT_SPLIT_KEYS:
+    if short is None or config != one_cta or not split_model.short_splits(max_context, count):
         return config
     return short
 
@@ -75,7 +75,7 @@ def short_splits_config(table, config, head_dim: int, dtype, max_context: int, c
 def long_splits_config(table, head_dim: int, dtype, max_context: int, count: int) -> WsDecodeConfig | None:
     """The arch's decode_ws_long where the one-CTA Gluon config would split a one-wave grid `count` ways (one of
     splits.LONG_TWO_CTA_COUNTS) into splits of more than SHORT_SPLIT_KEYS keys; else None."""
-    if count not in split_model.LONG_TWO_CTA_COUNTS or -(-max_context // count) <= split_model.SHORT_SPLIT_KEYS:
+    if count not in split_model.LONG_TWO_CTA_COUNTS or split_model.short_splits(max_context, count):
         return None
     return table.decode_ws_config(head_dim, dtype, long=True)
 
@@ -107,11 +107,10 @@ def decode_splits(
     max_context = block_tables.shape[1] * k_cache.shape[1]
     if max_splits is None:
         gluon = isinstance(config, WsDecodeConfig)
-        max_splits = max(1, max_context // split_model.DEEP_MIN_TOKENS) if gluon else split_model.MAX_SPLITS
+        max_splits = max_context // split_model.DEEP_MIN_TOKENS if gluon else split_model.MAX_SPLITS
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
-        _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs,
-        min(split_model.MAX_SPLITS, max_splits),
+        _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs, max_splits,
     )  # fmt: skip
 
 

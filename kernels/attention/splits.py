@@ -109,10 +109,11 @@ def choose_num_splits(
     batch: int, kv_heads: int, group: int, max_context: int, head_dim: int, elem_size: int,
     sm_count: int, ctas_per_sm: int, block_n: int, bandwidth_gbs: float, max_splits: int = MAX_SPLITS,
 ) -> int:  # fmt: skip
-    """Split count for a decode step; 1 when the batch alone fills the GPU or the context is short."""
+    """Split count for a decode step (at most max_splits and MAX_SPLITS); 1 when the batch alone fills the GPU or
+    the context is short."""
     if batch <= 0 or max_context <= block_n:
         return 1
-    limit = max(1, min(max_splits, math.ceil(max_context / block_n)))
+    limit = max(1, min(max_splits, MAX_SPLITS, math.ceil(max_context / block_n)))
     args = (batch, kv_heads, group, max_context, head_dim, elem_size, sm_count, ctas_per_sm, block_n, bandwidth_gbs)
     times = [modelled_time_us(s, *args) for s in range(1, limit + 1)]
     best = min(times)
@@ -128,6 +129,11 @@ def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, m
         return None
     count = 1 << (min(max_splits, slots // units).bit_length() - 1)
     return count if in_one_deep_wave(units, count, max_context, sm_count, ctas_per_sm) else None
+
+
+def short_splits(max_context: int, count: int) -> bool:
+    """Whether each of `count` splits of `max_context` keys reads at most SHORT_SPLIT_KEYS of them."""
+    return max_context <= count * SHORT_SPLIT_KEYS
 
 
 def in_one_deep_wave(units: int, splits: int, max_context: int, sm_count: int, ctas_per_sm: int) -> bool:
