@@ -57,13 +57,13 @@ def gluon_decode_device(group: int):
     return device
 
 
-def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM):
+def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM, page=PAGE):
     kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
     sets = max(1, min(16, math.ceil(L2_DEFEAT / kv_bytes)))
-    num_blocks = sets * batch * (ctx // PAGE)
-    k_cache = torch.randn(num_blocks, PAGE, kv_heads, head_dim, device="cuda", dtype=dtype)
+    num_blocks = sets * batch * (ctx // page)
+    k_cache = torch.randn(num_blocks, page, kv_heads, head_dim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
-    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, batch, ctx // PAGE)
+    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(sets, batch, ctx // page)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, q_heads, head_dim, device="cuda", dtype=dtype)
     return q, k_cache, v_cache, perm, seq_lens, kv_bytes

@@ -22,14 +22,12 @@ Writes decode_floor_<device>.json and .md under --out and prints the table.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
-from benchmarks.gpu_timing import graph_time_us
+from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode, decode_ws, plan, splits
 from kernels.attention.configs import table_for
@@ -37,17 +35,6 @@ from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_w
 
 Q_HEADS, KV_HEADS = 32, 8  # on the attention benchmark's decode inputs (HEAD_DIM, pages of PAGE)
 LENGTHS = (1024, 4096, 16384)
-READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))  # (elements per CTA, warps) of the read floor
-
-
-@triton.jit
-def _read_kernel(x_ptr, out_ptr, N: tl.constexpr, PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
-    x = tl.load(x_ptr + pid.to(tl.int64) * N + tl.arange(0, N))
-    tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), 0))
 
 
 @triton.jit
@@ -57,21 +44,6 @@ def _empty_kernel(out_ptr, PDL: tl.constexpr):
         gdc_wait()
     if tl.program_id(0) == 0:
         tl.store(out_ptr, 1.0)
-
-
-def read_floor_us(numel: int, sets: int, pdl: bool) -> float:
-    """Best time over READ_TILES to read `numel` fp16 elements (one call per L2-defeating copy)."""
-    x = torch.randn(sets, numel, device="cuda", dtype=torch.float16)
-    out = torch.empty(numel // min(n for n, _ in READ_TILES), device="cuda")
-    best = math.inf
-    for n, warps in READ_TILES:
-        ctas = numel // n
-
-        def call(s, ctas=ctas, n=n, warps=warps):
-            _read_kernel[(ctas,)](x[s], out, N=n, PDL=pdl, num_warps=warps, **pdl_options(pdl))
-
-        best = min(best, graph_time_us([lambda s=s: call(s) for s in range(sets)]))
-    return best
 
 
 def bench_length(length: int, device, config, pdl: bool) -> dict:

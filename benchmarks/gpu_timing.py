@@ -1,5 +1,6 @@
-"""How the GPU benchmarks time kernels: CUDA-graph replays of a list of calls, and the copy bandwidth that is
-their ceiling (benchmarks/attention.py, benchmarks/decode_floor.py, benchmarks/long_context.py)."""
+"""How the GPU benchmarks time kernels: CUDA-graph replays of a list of calls, and the ceilings they are held to:
+the copy bandwidth and the time to only read a call's bytes (benchmarks/attention.py, decode_floor.py,
+decode_bandwidth.py, long_context.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import math
 
 import torch
 import triton
+import triton.language as tl
+
+from kernels.attention.pdl import gdc_launch_dependents, gdc_wait, pdl_options
+
+# (elements per CTA, warps) of the read floor: each CTA's loads issued at once
+READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))
 
 
 def interleaved_us(calls: dict, rounds: int) -> dict:
@@ -62,3 +69,28 @@ def copy_bandwidth_gbs():
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
     return 2 * src.numel() / (ms * 1e-3) / 1e9  # bytes read + written
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, N: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    x = tl.load(x_ptr + pid.to(tl.int64) * N + tl.arange(0, N))
+    tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), 0))
+
+
+def read_floor_us(numel: int, sets: int, pdl: bool) -> float:
+    """Best time over READ_TILES to read `numel` fp16 elements (one call per L2-defeating copy)."""
+    x = torch.randn(sets, numel, device="cuda", dtype=torch.float16)
+    out = torch.empty(numel // min(n for n, _ in READ_TILES), device="cuda")
+    best = math.inf
+    for n, warps in READ_TILES:
+        ctas = numel // n
+
+        def call(s, ctas=ctas, n=n, warps=warps):
+            _read_kernel[(ctas,)](x[s], out, N=n, PDL=pdl, num_warps=warps, **pdl_options(pdl))
+
+        best = min(best, graph_time_us([lambda s=s: call(s) for s in range(sets)]))
+    return best

@@ -1,0 +1,104 @@
+"""The bandwidth-bound decode rows against what reading their bytes costs, and what the paged layout costs.
+
+    python -m benchmarks.decode_bandwidth [--out DIR]
+
+The attention grid's rows with the most KV (heads 32/32 and 32/8, head_dim 128, fp16 and bf16), where decode only
+streams K/V and SDPA on contiguous K/V comes within a percent or two of our paged kernel. Each row, in the same
+run, CUDA-graph replays of back-to-back calls (programmatic dependent launch where the arch has it) over enough KV
+copies to defeat the L2:
+
+- read floor: a kernel that only reads the row's K/V bytes, contiguous, and sums them (gpu_timing.read_floor_us:
+  the best of its tiles): the ceiling any decode of these bytes is held to;
+- SDPA on contiguous K/V [batch, kv_heads, L, head_dim];
+- ours on shuffled pages of 16 tokens: the attention grid's layout, a cache whose blocks came back to the
+  allocator in any order;
+- ours on pages of 16 in order: each sequence's blocks consecutive, as the engine's block manager hands out a
+  fresh prompt's;
+- ours on pages of 64 in order (the largest block size the kernels take).
+
+Ours is the plan (plan.decode_plan: config and split count) for each layout. SDPA and the three layouts are the
+median of ROUNDS interleaved measurements; every time is also given as a fraction of the read floor's rate.
+Writes decode_bandwidth_<device>.json and .md under --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from benchmarks.attention import HEAD_DIM, decode_calls, decode_inputs, sdpa_calls
+from benchmarks.attention_report import config_name
+from benchmarks.gpu_timing import interleaved_us, read_floor_us
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
+from kernels.attention import plan
+from kernels.attention.pdl import dependent_launch
+from kernels.device import get_device_info
+
+SHAPES = [(32, 32, 1, 131072), (32, 32, 128, 2048), (32, 32, 128, 512), (32, 8, 128, 2048), (32, 8, 1, 131072)]
+LAYOUTS = {"shuffled 16": (16, False), "in order 16": (16, True), "in order 64": (64, True)}
+ROUNDS = 5
+
+
+def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device):
+    """A decode call per L2-defeating copy on caches of `page`-token pages (shuffled, or each copy's in order), at
+    the plan's config and split count; with that plan's name and the copies' count."""
+    q, k_cache, v_cache, tables, lens, _ = decode_inputs(dtype, q_heads, kv_heads, batch, ctx, page=page)
+    if in_order:
+        tables = torch.arange(tables.numel(), device="cuda", dtype=torch.int32).view(tables.shape)
+    splits, config = plan.decode_plan(q, k_cache, tables[0], device)
+    calls = decode_calls(q, k_cache, v_cache, tables, lens, splits, torch.empty_like(q), config)
+    return calls, f"{config_name(config)} S={splits}", q, tables.shape[0]
+
+
+def bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl: bool) -> dict:
+    kv_bytes = 2 * batch * kv_heads * ctx * HEAD_DIM * dtype.itemsize
+    calls, plans = {}, {}
+    for name, (page, in_order) in LAYOUTS.items():
+        calls[name], plans[name], q, sets = layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device)
+    calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, sets)
+    times = interleaved_us(calls, ROUNDS)
+    return {"dtype": str(dtype).removeprefix("torch."), "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch,
+           "ctx": ctx, "kv_mb": kv_bytes / 2**20, "plans": plans, "rounds_us": times,
+           "us": {name: statistics.median(t) for name, t in times.items()},
+           "read_floor_us": read_floor_us(kv_bytes // 2, sets, pdl)}  # fmt: skip
+
+
+def markdown(res: dict) -> str:
+    names = list(LAYOUTS)
+    lines = [
+        f"# Bandwidth-bound decode against the read floor on {res['device']}", "",
+        f"{versions_line(res)}; programmatic dependent launch: {res['pdl']}. Head_dim {HEAD_DIM}; CUDA-graph "
+        f"replays of back-to-back calls, L2 defeated; SDPA and ours the median of {res['rounds']} interleaved "
+        "measurements (benchmarks/decode_bandwidth.py says what each column runs). Each time / its share of the "
+        "read floor's rate; ours also against SDPA.", "",
+        "| dtype | heads | B | L | KV MB | read floor us | SDPA us | "
+        + " | ".join(f"ours, {n} (plan) us | vs SDPA" for n in names) + " |",
+        "|" + "---|" * (7 + 2 * len(names)),
+    ]  # fmt: skip
+    for r in res["rows"]:
+        us, floor = r["us"], r["read_floor_us"]
+        cells = [f"{us['sdpa']:.1f} / {floor / us['sdpa']:.3f}"]
+        for n in names:
+            cells += [f"{us[n]:.1f} / {floor / us[n]:.3f} ({r['plans'][n]})", f"{us['sdpa'] / us[n]:.3f}x"]
+        lines.append(
+            f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['kv_mb']:.0f} | "
+            f"{floor:.1f} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = results_parser(__doc__).parse_args()
+    device = get_device_info()
+    pdl = dependent_launch(device)
+    res = {**device_header(device), "pdl": pdl, "rounds": ROUNDS, "rows": []}
+    for dtype in (torch.float16, torch.bfloat16):
+        for q_heads, kv_heads, batch, ctx in SHAPES:
+            res["rows"].append(bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl))
+            torch.cuda.empty_cache()
+    save_results(result_stem(args.out, "decode_bandwidth", device.name), res, markdown)
+
+
+if __name__ == "__main__":
+    main()
