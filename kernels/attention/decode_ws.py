@@ -80,7 +80,6 @@ from kernels.attention.gluon_sm90 import (
     load_page_lanes,
     mbarrier,
     on_sm90,
-    page_lane,
     row_descriptor,
     tma,
     tma_rows_ok,
@@ -131,44 +130,19 @@ if gluon is not None:
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), seq_len
 
     @gluon.jit
-    def _issue_one(desc, pages, s, kvh, ready, smem, PAGE: gl.constexpr):
-        """The TMA loads of one tile of K or V alone into ring stage s (the early K release's loader)."""
+    def _issue(desc, pages, s, kvh, ready, smem, PAGE: gl.constexpr):
+        """The TMA loads of one tile of K or V into ring stage s: a box per page (the group's boxes s * NBOX on;
+        boxes past the split's end repeat its last page's rows, masked by the consumer)."""
         BLOCK_N: gl.constexpr = smem.shape[1]
         HEAD_DIM: gl.constexpr = smem.shape[2]
         mbarrier.expect(ready.index(s), BLOCK_N * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
         issue_page_boxes(desc, pages, s * (BLOCK_N // PAGE), kvh * HEAD_DIM, ready.index(s), smem.index(s), PAGE)
 
     @gluon.jit
-    def _issue(
-        kc_desc,
-        vc_desc,
-        pages,
-        s,
-        kvh,
-        k_ready,
-        v_ready,
-        k_smem,
-        v_smem,
-        PAGE: gl.constexpr,
-    ):
-        """The TMA loads of one tile into ring stage s: a box per page, K and V (the group's boxes s * NBOX on;
-        boxes past the split's end repeat its last page's rows, masked by the consumer)."""
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        HEAD_DIM: gl.constexpr = k_smem.shape[2]
-        NBOX: gl.constexpr = BLOCK_N // PAGE
-        tile_bytes: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
-        mbarrier.expect(k_ready.index(s), tile_bytes)
-        mbarrier.expect(v_ready.index(s), tile_bytes)
-        for r in gl.static_range(NBOX):
-            coord = [page_lane(pages, s * NBOX + r) * PAGE, kvh * HEAD_DIM]
-            tma.async_copy_global_to_shared(kc_desc, coord, k_ready.index(s), k_smem.index(s).slice(r * PAGE, PAGE))
-            tma.async_copy_global_to_shared(vc_desc, coord, v_ready.index(s), v_smem.index(s).slice(r * PAGE, PAGE))
-
-    @gluon.jit
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
                 b, kvh, split, num_splits, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr,
-                EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr):  # fmt: skip
+                HALF_KEYS: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
         _, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, BLOCK_N, HALF_KEYS)
         # a box per page: tiles start at multiples of BLOCK_N, which pages (16-64 tokens) divide
@@ -187,7 +161,8 @@ if gluon is not None:
         # before a decode writes of its sequences' rows only the last (the step's new token; the module docstring)
         early = (n > 0) & (lo + BLOCK_N < seq_len) & PDL
         if early:
-            _issue(kc_desc, vc_desc, pages, 0, kvh, k_ready, v_ready, k_smem, v_smem, PAGE)
+            _issue(kc_desc, pages, 0, kvh, k_ready, k_smem, PAGE)
+            _issue(vc_desc, pages, 0, kvh, v_ready, v_smem, PAGE)
         if PDL:
             gdc_wait()
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
@@ -198,14 +173,12 @@ if gluon is not None:
             for s in gl.static_range(STAGES):
                 j = g * STAGES + s
                 if (j < n) & ((j > 0) | (not early)):
+                    # K as soon as its buffer is free, V once its own is (without the early K release the consumer
+                    # frees both at once)
                     mbarrier.wait(k_empty.index(s), (g & 1) ^ 1)
-                    if EARLY_K:  # K as soon as its buffer is free, V once its own is
-                        _issue_one(kc_desc, pages, s, kvh, k_ready, k_smem, PAGE)
-                        mbarrier.wait(v_empty.index(s), (g & 1) ^ 1)
-                        _issue_one(vc_desc, pages, s, kvh, v_ready, v_smem, PAGE)
-                    else:
-                        mbarrier.wait(v_empty.index(s), (g & 1) ^ 1)
-                        _issue(kc_desc, vc_desc, pages, s, kvh, k_ready, v_ready, k_smem, v_smem, PAGE)
+                    _issue(kc_desc, pages, s, kvh, k_ready, k_smem, PAGE)
+                    mbarrier.wait(v_empty.index(s), (g & 1) ^ 1)
+                    _issue(vc_desc, pages, s, kvh, v_ready, v_smem, PAGE)
             pages = following
 
     @gluon.jit
@@ -304,8 +277,7 @@ if gluon is not None:
                          window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                          Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
-                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, EARLY_K,
-                       HALF_KEYS)),
+                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, HALF_KEYS)),
         ], [1], [24])  # fmt: skip
 
 
