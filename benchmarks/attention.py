@@ -321,9 +321,9 @@ def main():
            "decode_config": str(table.decode_config(HEAD_DIM)),
            "decode_deep_config": str(table.decode_deep_config(HEAD_DIM)),
            "decode_ws_config": str(table.decode_ws_config(HEAD_DIM)),
-           "decode_ws_waves_config": str(table.decode_ws_config(HEAD_DIM, waves=True)),
-           "decode_ws_short_config": str(table.decode_ws_config(HEAD_DIM, short=True)),
-           "decode_ws_long_config": str(table.decode_ws_config(HEAD_DIM, long=True)),
+           "decode_ws_waves_config": str(table.decode_ws_config(HEAD_DIM, grid="waves")),
+           "decode_ws_short_config": str(table.decode_ws_config(HEAD_DIM, grid="short")),
+           "decode_ws_long_config": str(table.decode_ws_config(HEAD_DIM, grid="long")),
            "prefill_config": str(table.prefill_config(HEAD_DIM)),
            "prefill_ws_config": str(table.prefill_ws_config(HEAD_DIM)), "rounds": ROUNDS}  # fmt: skip
     res["copy_gbs"] = copy_bandwidth_gbs()

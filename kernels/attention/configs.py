@@ -141,16 +141,16 @@ class ArchTable:
         return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
 
     def decode_ws_config(
-        self, head_dim: int, dtype: torch.dtype = torch.float16, waves: bool = False, short: bool = False,
-        long: bool = False,
-    ) -> WsDecodeConfig | None:  # fmt: skip
-        """The warp-specialized decode's config for grids of one wave of it (`decode_ws`), with `waves` for larger
-        grids (`decode_ws_waves`), with `short` / `long` for the one-wave grids of short / long splits
-        (`decode_ws_short` / `decode_ws_long`), or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
-        if dtype not in (torch.float16, torch.bfloat16):
-            return None
-        configs = self.decode_ws_waves if waves else self.decode_ws_short if short else self.decode_ws
-        return (self.decode_ws_long if long else configs).get(head_dim)
+        self, head_dim: int, dtype: torch.dtype = torch.float16, grid: str = "one_wave"
+    ) -> WsDecodeConfig | None:
+        """The warp-specialized decode's config for `grid`: "one_wave" (grids of one wave of it, `decode_ws`),
+        "waves" (larger grids, `decode_ws_waves`), "short" / "long" (the one-wave grids of short / long splits,
+        `decode_ws_short` / `decode_ws_long`); or None (not this arch, head_dim or dtype: fp32 has no kernel)."""
+        configs = {"one_wave": self.decode_ws, "waves": self.decode_ws_waves, "short": self.decode_ws_short,
+                   "long": self.decode_ws_long}  # fmt: skip
+        if grid not in configs:
+            raise ValueError(f"grid must be one of {', '.join(configs)}, got {grid!r}")
+        return configs[grid].get(head_dim) if dtype in (torch.float16, torch.bfloat16) else None
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)

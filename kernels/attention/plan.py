@@ -65,7 +65,7 @@ def decode_plan(
 def short_splits_config(table, config, head_dim: int, dtype, max_context: int, count: int):
     """The arch's decode_ws_short in place of the one-CTA Gluon config (decode_ws) where each of the `count` splits
     reads at most SHORT_SPLIT_KEYS keys; `config` otherwise."""
-    short = table.decode_ws_config(head_dim, dtype, short=True)
+    short = table.decode_ws_config(head_dim, dtype, grid="short")
     one_cta = table.decode_ws_config(head_dim, dtype)
     if short is None or config != one_cta or not split_model.short_splits(max_context, count):
         return config
@@ -77,7 +77,7 @@ def long_splits_config(table, head_dim: int, dtype, max_context: int, count: int
     splits.LONG_TWO_CTA_COUNTS) into splits of more than SHORT_SPLIT_KEYS keys; else None."""
     if count not in split_model.LONG_TWO_CTA_COUNTS or split_model.short_splits(max_context, count):
         return None
-    return table.decode_ws_config(head_dim, dtype, long=True)
+    return table.decode_ws_config(head_dim, dtype, grid="long")
 
 
 def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
@@ -85,7 +85,7 @@ def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
     then its config for larger grids (decode_ws_waves: at head_dim 128 two CTAs per SM; at 256 the same config,
     listed once); then the deep Triton config. decode_plan says which takes which grid."""
-    gluon = [table.decode_ws_config(head_dim, dtype, waves) for waves in (False, True)] if ws else []
+    gluon = [table.decode_ws_config(head_dim, dtype, grid) for grid in ("one_wave", "waves")] if ws else []
     configs = gluon + [table.decode_deep_config(head_dim, dtype)]
     return list(dict.fromkeys(c for c in configs if c is not None))
 
@@ -93,7 +93,8 @@ def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
 def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:
     """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
     kernel's decode_ws_waves where there is one, else the Triton config."""
-    return (table.decode_ws_config(head_dim, dtype, waves=True) if ws else None) or table.decode_config(head_dim, dtype)
+    waves = table.decode_ws_config(head_dim, dtype, grid="waves") if ws else None
+    return waves or table.decode_config(head_dim, dtype)
 
 
 def decode_splits(

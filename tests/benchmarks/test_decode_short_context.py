@@ -25,5 +25,5 @@ def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():
 def test_one_tile_count_is_the_wave_models_count_without_the_gluon_floor():
     sm90 = sim_device((9, 0), sm_count=132)
     q, k_cache, tables = plan_inputs(1, 3072, 28, 4)
-    waves = TABLES["sm_90"].decode_ws_config(128, waves=True)
+    waves = TABLES["sm_90"].decode_ws_config(128, grid="waves")
     assert one_tile_count(q, k_cache, tables, sm90, waves) == 48

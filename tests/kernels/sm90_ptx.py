@@ -84,10 +84,9 @@ def main() -> None:
         ),
     }  # fmt: skip
     if gluon_sm90.gluon is not None:
-        kinds = {"decode_ws": {}, "decode_ws_waves": {"waves": True}, "decode_ws_long": {"long": True},
-                 "decode_ws_short": {"short": True}}  # fmt: skip
-        for name, kind in kinds.items():
-            report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, **kind)))
+        for grid in ("one_wave", "waves", "long", "short"):
+            name = "decode_ws" if grid == "one_wave" else f"decode_ws_{grid}"
+            report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, grid=grid)))
         report["decode_ws_256"] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(256), 256))
     print(json.dumps(report))
 

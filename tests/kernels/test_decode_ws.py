@@ -134,7 +134,7 @@ def test_ws_decode_tile_shapes(block_n, stages, page, early_k):
 def test_the_long_split_config_matches_reference_at_any_count():
     """decode_ws_long over ragged lengths, windows and 1-32 splits (at 1 split the halving is off; at 3 a sequence
     of at most 256 visible keys runs on 1)."""
-    config = TABLES["sm_90"].decode_ws_config(128, long=True)
+    config = TABLES["sm_90"].decode_ws_config(128, grid="long")
     for window, splits in RUNS:
         out, ref = decode_case(LENS, 16, 32, 8, 128, torch.float16, window, splits, config)
         assert_close(out, ref, torch.float16)
@@ -144,7 +144,7 @@ def test_the_long_split_config_matches_reference_at_any_count():
 def test_the_short_split_config_at_its_registers_matches_reference():
     """decode_ws_short (the two-CTA config's ring compiled at more registers per thread) over ragged lengths,
     windows and 1-32 splits."""
-    config = TABLES["sm_90"].decode_ws_config(128, short=True)
+    config = TABLES["sm_90"].decode_ws_config(128, grid="short")
     assert config.registers > 128
     for window, splits in RUNS:
         out, ref = decode_case(LENS, 16, 32, 8, 128, torch.bfloat16, window, splits, config)
@@ -158,7 +158,7 @@ def test_the_short_split_config_at_its_registers_matches_reference():
 def test_ws_waves_config_over_a_grid_of_several_waves(dtype, head_dim):
     """The config for grids beyond one wave (two CTAs per SM at head_dim 128, one at 256) over more (sequence,
     KV head) units than one wave holds: ragged lengths, 1 and 3 splits, a window."""
-    config = TABLES["sm_90"].decode_ws_config(head_dim, dtype, waves=True)
+    config = TABLES["sm_90"].decode_ws_config(head_dim, dtype, grid="waves")
     lens = [(37 * i) % 700 + 1 for i in range(40)]  # 40 sequences x 8 KV heads = 320 units: > 264, > 132
     for window, splits in ((None, 1), (None, 3), (200, 1)):
         out, ref = decode_case(lens, 16, 32, 8, head_dim, dtype, window, splits, config)
@@ -170,7 +170,7 @@ def test_ws_waves_config_over_long_sequences():
     """The same config over many waves of long splits (32-55 tiles each, MHA and GQA): every stage of the ring is
     refilled many times while two CTAs share an SM, where a release that came too early would show as wrong rows
     (a variant with a barrier left unused did, on the H200)."""
-    config = TABLES["sm_90"].decode_ws_config(128, torch.float16, waves=True)
+    config = TABLES["sm_90"].decode_ws_config(128, torch.float16, grid="waves")
     lens = [2048 + 37 * i for i in range(40)]
     for q_heads, kv_heads in ((32, 32), (32, 8)):
         out, ref = decode_case(lens, 16, q_heads, kv_heads, 128, torch.float16, None, 1, config)
@@ -189,7 +189,7 @@ def test_the_plan_runs_the_ws_kernel_on_a_small_batch():
     """Without a config a one-wave call (one sequence, 8 KV heads) is planned onto the Gluon kernel: its
     short-split config, 4096 keys split 16 ways on an H200."""
     count, config = plan.decode_plan(*plan_inputs(1, 4096), device_for(torch.empty(0, device=DEV)))
-    assert config == TABLES["sm_90"].decode_ws_config(128, short=True) and count > 1
+    assert config == TABLES["sm_90"].decode_ws_config(128, grid="short") and count > 1
     out, ref = decode_case([4096], 16, 32, 8, 128, torch.float16, None, None, None)
     assert_close(out, ref, torch.float16)
 
@@ -199,7 +199,7 @@ def test_the_long_split_config_halves_the_splits_of_short_sequences():
     """decode_ws_long at 32 splits: a sequence whose visible range 16 splits read in at most 256 keys each runs on
     the first 16 (the others write lse -inf and zeros), a longer one on all 32; ragged lengths across the boundary,
     with a window that makes a long sequence short. The partials are checked, then the merged output."""
-    config = TABLES["sm_90"].decode_ws_config(128, long=True)
+    config = TABLES["sm_90"].decode_ws_config(128, grid="long")
     assert config.half_splits_keys == 256
     lens = [100, 16 * 256, 16 * 256 + 1, 40000, 2000]
     k_cache, v_cache, tables = make_paged(lens, 16, 8, 128, torch.float16)

@@ -21,9 +21,9 @@ def choose(batch, kv_heads, ctx, group=4, **hw):
 # sm_90's configs at head_dim 128 that a grid of one wave can plan: deep Triton, one-CTA Gluon (and its short-split
 # variant), two-CTA Gluon (and its variant for long splits)
 DEEP, WS, SHORT, WAVES, LONG = (TABLES["sm_90"].decode_deep_config(128), TABLES["sm_90"].decode_ws_config(128),
-                                TABLES["sm_90"].decode_ws_config(128, short=True),
-                                TABLES["sm_90"].decode_ws_config(128, waves=True),
-                                TABLES["sm_90"].decode_ws_config(128, long=True))  # fmt: skip
+                                TABLES["sm_90"].decode_ws_config(128, grid="short"),
+                                TABLES["sm_90"].decode_ws_config(128, grid="waves"),
+                                TABLES["sm_90"].decode_ws_config(128, grid="long"))  # fmt: skip
 
 
 def test_a_full_batch_is_not_split():
@@ -186,7 +186,9 @@ def test_long_splits_take_the_halving_two_cta_config_at_twice_the_count():
     assert decode_plan(*plan_inputs(1, 131072, dtype=torch.float32), sm90)[1] == TABLES["sm_90"].decode_config(128)
     for arch, table in TABLES.items():  # sm_90 at head_dim 128 only
         assert set(table.decode_ws_long) == ({128} if arch == "sm_90" else set()), arch
-    assert TABLES["sm_90"].decode_ws_config(128, torch.float32, long=True) is None
+    assert TABLES["sm_90"].decode_ws_config(128, torch.float32, grid="long") is None
+    with pytest.raises(ValueError, match="one_wave, waves, short, long"):
+        TABLES["sm_90"].decode_ws_config(128, grid="wave")
 
 
 def test_decode_plan_of_a_grid_of_several_waves():
@@ -234,7 +236,7 @@ def test_head_dim_256_plans_its_one_gluon_config_for_every_grid():
     config to give way to at TWO_CTA_COUNTS); fp32 plans the Triton config."""
     sm90, table = sim_device((9, 0), sm_count=132), TABLES["sm_90"]
     ws256 = table.decode_ws_config(256)
-    assert ws256 == table.decode_ws_config(256, waves=True) and ws256.ctas_per_sm == 1
+    assert ws256 == table.decode_ws_config(256, grid="waves") and ws256.ctas_per_sm == 1
     assert one_wave_configs(table, 256, torch.float16, True) == [ws256]  # listed once
 
     def plan(batch, ctx, q_heads=8, kv_heads=4, dtype=torch.float16):
