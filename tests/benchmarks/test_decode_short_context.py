@@ -11,9 +11,13 @@ def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():
            "config": "WsDecodeConfig(block_n=64, num_stages=2, ctas_per_sm=2)", "splits": 24, "plan_us": 5.5,
            "one_tile_splits": 48, "one_tile_us": 6.6, "best_fixed_splits": 24, "best_fixed_us": 5.5,
            "sdpa_us": 11.0, "sweep_us": {"24": 5.5, "48": 6.6}}  # fmt: skip
-    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "rounds": 3, "rows": [row]}
+    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "rounds": 3,
+           "statistic": "median", "rows": [row]}  # fmt: skip
     lines = markdown(res).splitlines()
     assert lines[0] == "# Decode at short contexts on GPU"
+    assert "the median of 3 interleaved CUDA-graph timings" in lines[2]
+    del res["statistic"]  # results written before it was recorded took the least
+    assert "the least of 3 interleaved CUDA-graph timings" in markdown(res).splitlines()[2]
     header = next(i for i, line in enumerate(lines) if line.startswith("| heads |"))
     assert_table(lines, header, 1)
     assert lines[header + 2] == (
