@@ -42,20 +42,22 @@ ROUNDS = 5
 
 def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device):
     """A decode call per L2-defeating copy on caches of `page`-token pages (shuffled, or each copy's in order), at
-    the plan's config and split count; with that plan's name and the copies' count."""
-    q, k_cache, v_cache, tables, lens, _ = decode_inputs(dtype, q_heads, kv_heads, batch, ctx, page=page)
+    the plan's config and split count; with that plan's name, and what the peers take: the query, the copies' count
+    and the KV bytes a call reads."""
+    q, k_cache, v_cache, tables, lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx, page=page)
     if in_order:
         tables = torch.arange(tables.numel(), device="cuda", dtype=torch.int32).view(tables.shape)
     splits, config = plan.decode_plan(q, k_cache, tables[0], device)
     calls = decode_calls(q, k_cache, v_cache, tables, lens, splits, torch.empty_like(q), config)
-    return calls, f"{config_name(config)} S={splits}", q, tables.shape[0]
+    return calls, f"{config_name(config)} S={splits}", q, tables.shape[0], kv_bytes
 
 
 def bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl: bool) -> dict:
-    kv_bytes = 2 * batch * kv_heads * ctx * HEAD_DIM * dtype.itemsize
     calls, plans = {}, {}
     for name, (page, in_order) in LAYOUTS.items():
-        calls[name], plans[name], q, sets = layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device)
+        calls[name], plans[name], q, sets, kv_bytes = layout_calls(
+            dtype, q_heads, kv_heads, batch, ctx, page, in_order, device
+        )
     calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, sets)
     times = interleaved_us(calls, ROUNDS)
     return {"dtype": str(dtype).removeprefix("torch."), "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch,
