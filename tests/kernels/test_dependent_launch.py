@@ -63,9 +63,9 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
     assert sm90_ptx["kv_write"] == {"before": [], "launches_dependents": True, "launches": 1}
     if gluon_sm90.gluon is not None:
         # the one-CTA and the two-CTA configs at head_dim 128 (the latter also halving its splits, decode_ws_long,
-        # and at 168 registers, decode_ws_short), and head_dim 256's (Gemma 3): one 64-key tile, 4 pages of 16 rows, K and V, each row as 64-column boxes (a
-        # box row holds at most the 128 bytes of its swizzle: two boxes at head_dim 128, four at 256); more tiles
-        # before the wait measured slower (decode_ws.py)
+        # and at 168 registers, decode_ws_short), and head_dim 256's (Gemma 3): one 64-key tile, 4 pages of 16
+        # rows, K and V, each row as 64-column boxes (a box row holds at most the 128 bytes of its swizzle: two
+        # boxes at head_dim 128, four at 256); more tiles before the wait measured slower (decode_ws.py)
         configs = (("decode_ws", 2), ("decode_ws_waves", 2), ("decode_ws_long", 2), ("decode_ws_short", 2),
                    ("decode_ws_256", 4))  # fmt: skip
         for config, boxes in configs:
