@@ -62,10 +62,11 @@ T_REDUCE_US = 2.0  # the reduce kernel's launch and dependent read of the partia
 TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
 # Keys a split must read for a one-wave config to pay (two 64-key tiles at head_dim 128), and the shortest split the
 # wave model gives the Gluon kernel. The model alone split short contexts into 64-key splits there; at 128 keys or
-# more, on the H200 (2026-11-30, benchmarks/results/decode_short_context_NVIDIA_H200.md: fp16, 20 shapes whose count
-# that halves, heads 32/8, 28/4, 16/2, 32/32 at head_dim 128 and 4/1, 8/4, 16/8 at 256, B=1-8, L=256-4k) the decode
-# took 0.80-0.95 of the time (28/4 B=1 L=3k 5.68 against 6.85 us; Gemma 3's 4/1 B=1 L=4k 6.21 against 7.54), and the
-# count was the best of the sweep on 18 shapes, within 1.4% on the other two.
+# more, on the H200 (2026-11-30, benchmarks/results/decode_short_context_NVIDIA_H200.md, its 17:56 UTC run: fp16,
+# 20 shapes whose count that halves, heads 32/8, 28/4, 16/2, 32/32 at head_dim 128 and 4/1, 8/4, 16/8 at 256, B=1-8,
+# L=256-4k) the decode took 0.80-0.95 of the time (28/4 B=1 L=3k 5.68 against 6.85 us; Gemma 3's 4/1 B=1 L=4k 6.21
+# against 7.54), and the count was the best of the sweep on 18 shapes, within 1.4% on the other two (its 21:19 run,
+# medians: 0.80-0.96, the best on 18, within 0.5%).
 DEEP_MIN_TOKENS = 128
 # One-wave counts of the one-CTA Gluon config (decode_ws) at which the two-CTA one (decode_ws_waves, twice the splits)
 # runs the grid instead. On the H200 (2026-11-30, swapped-operand consumer, fp16 head_dim 128, GQA 32/8 B=1-16 and
