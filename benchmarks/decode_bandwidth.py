@@ -18,7 +18,12 @@ copies to defeat the L2:
 
 Ours is the plan (plan.decode_plan: config and split count) for each layout. SDPA and the three layouts are the
 median of ROUNDS interleaved measurements; every time is also given as a fraction of the read floor's rate.
-Writes decode_bandwidth_<device>.json and .md under --out and prints the table.
+
+Then time against size: B=1 at LINE_CONTEXTS (MHA and GQA, fp16), the read floor, SDPA and ours on shuffled and
+in-order 16-token pages, and per method the least-squares line through its times against the KV bytes. The slope
+is the method's streaming rate, the intercept what it costs beyond streaming (launch, first loads, the last CTAs
+alone, the split merge): which of the two a gap on the rows above comes from.
+Writes decode_bandwidth_<device>.json and .md under --out and prints the tables.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from kernels.device import get_device_info
 SHAPES = [(32, 32, 1, 131072), (32, 32, 128, 2048), (32, 32, 128, 512), (32, 8, 128, 2048), (32, 8, 1, 131072)]
 LAYOUTS = {"shuffled 16": (16, False), "in order 16": (16, True), "in order 64": (64, True)}
 ROUNDS = 5
+LINE_HEADS = [(32, 32), (32, 8)]
+LINE_CONTEXTS = [16384, 32768, 65536, 131072, 262144]
+LINE_LAYOUTS = ["shuffled 16", "in order 16"]
 
 
 def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device):
@@ -66,6 +74,60 @@ def bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl: bool) -> dict:
            "read_floor_us": read_floor_us(kv_bytes // 2, sets, pdl)}  # fmt: skip
 
 
+def line_points(q_heads, kv_heads, device, pdl: bool) -> list[dict]:
+    """fp16 B=1 at each of LINE_CONTEXTS: the KV bytes and the median times of SDPA and ours (LINE_LAYOUTS, the
+    plan), and the read floor's."""
+    points = []
+    for ctx in LINE_CONTEXTS:
+        calls = {}
+        for name in LINE_LAYOUTS:
+            page, in_order = LAYOUTS[name]
+            calls[name], _, q, sets, kv_bytes = layout_calls(
+                torch.float16, q_heads, kv_heads, 1, ctx, page, in_order, device
+            )
+        calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, sets)
+        us = {name: statistics.median(t) for name, t in interleaved_us(calls, ROUNDS).items()}
+        del calls
+        torch.cuda.empty_cache()
+        us["read floor"] = read_floor_us(kv_bytes // 2, sets, pdl)
+        points.append({"ctx": ctx, "kv_gb": kv_bytes / 1e9, "us": us})
+    return points
+
+
+def fit_line(xs, ys) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through the points."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
+
+
+def lines_markdown(res: dict) -> list[str]:
+    """The time-against-size table: per heads and method, the streaming rate (GB/s, and its share of the read
+    floor's) and the fixed cost (us)."""
+    methods = ["read floor", "sdpa", *LINE_LAYOUTS]
+    contexts = ", ".join(f"{c // 1024}k" for c in LINE_CONTEXTS)
+    out = [
+        "", "## Streaming rate and fixed cost", "",
+        f"fp16, B=1, L = {contexts}; per method the least-squares line through its times (medians of "
+        f"{res['rounds']} interleaved measurements; the read floor its best tile) against the KV bytes: the slope "
+        "as a rate, the intercept as a fixed cost.", "",
+        "| heads | method | GB/s | share of read floor rate | fixed cost us |", "|---|---|---|---|---|",
+    ]  # fmt: skip
+    for line in res["lines"]:
+        gb = [p["kv_gb"] for p in line["points"]]
+        fits = {m: fit_line(gb, [p["us"][m] for p in line["points"]]) for m in methods}
+        floor_slope = fits["read floor"][0]
+        for m in methods:
+            slope, intercept = fits[m]
+            name = "SDPA" if m == "sdpa" else m if m == "read floor" else f"ours, {m}"
+            out.append(
+                f"| {line['q_heads']}/{line['kv_heads']} | {name} | {1e6 / slope:.0f} | {floor_slope / slope:.3f} | "
+                f"{intercept:.1f} |"
+            )
+    return out
+
+
 def markdown(res: dict) -> str:
     names = list(LAYOUTS)
     lines = [
@@ -87,6 +149,8 @@ def markdown(res: dict) -> str:
             f"| {r['dtype']} | {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['kv_mb']:.0f} | "
             f"{floor:.1f} | " + " | ".join(cells) + " |"
         )
+    if res.get("lines"):
+        lines += lines_markdown(res)
     return "\n".join(lines) + "\n"
 
 
@@ -99,6 +163,10 @@ def main() -> None:
         for q_heads, kv_heads, batch, ctx in SHAPES:
             res["rows"].append(bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl))
             torch.cuda.empty_cache()
+    res["lines"] = [
+        {"q_heads": q_heads, "kv_heads": kv_heads, "points": line_points(q_heads, kv_heads, device, pdl)}
+        for q_heads, kv_heads in LINE_HEADS
+    ]
     save_results(result_stem(args.out, "decode_bandwidth", device.name), res, markdown)
 
 
