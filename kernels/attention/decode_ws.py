@@ -244,6 +244,25 @@ if gluon is not None:
             gl.store(lse_ptr + (b * Q_HEADS + heads) * num_splits + split, lse, mask=cols < GROUP)
 
     @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr):
+        """The mbarriers of the query box and the K/V ring, initialised: (q_ready, k_ready, v_ready, k_empty,
+        v_empty), the loader's and the consumer's `bars`. (Every barrier stays in use to the end: on the H200 a
+        variant that initialised one it never used again gave wrong rows, its memory shared with the softmax's
+        reduction scratch.)"""
+        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready.index(0), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        return q_ready, k_ready, v_ready, k_empty, v_empty
+
+    @gluon.jit
     def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                           window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                           Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -258,20 +277,7 @@ if gluon is not None:
         v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], kc_desc.dtype)
         p_smem = gl.allocate_shared_memory(kc_desc.dtype, [NQ, BLOCK_N], p_layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready.index(0), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
-        # (every barrier stays in use to the end: on the H200 a variant that initialised one it never used again
-        # gave wrong rows, its memory shared with the softmax's reduction scratch)
-        bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
+        bars = ring_barriers(STAGES)
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                          window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
