@@ -1,4 +1,4 @@
-"""What the benchmark report tests check of every Markdown table a benchmark renders."""
+"""What the benchmark report tests check of every Markdown table a benchmark renders, and the results they render."""
 
 
 def assert_table(lines: list[str], header: int, rows: int) -> None:
@@ -6,3 +6,9 @@ def assert_table(lines: list[str], header: int, rows: int) -> None:
     columns = lines[header].count("|")
     assert lines[header + 1] == "|" + "---|" * (columns - 1)
     assert all(line.count("|") == columns for line in lines[header + 2 : header + 2 + rows])
+
+
+def result(**fields) -> dict:
+    """A benchmark result as the report functions read it: a stand-in of device_header's fields and the versions
+    (what versions_line prints), then `fields`."""
+    return {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", **fields}

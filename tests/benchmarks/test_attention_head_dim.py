@@ -1,7 +1,7 @@
 """The head_dim-256 attention benchmark's report (GPU-free)."""
 
 from benchmarks.attention_head_dim import markdown
-from tests.benchmarks.tables import assert_table
+from tests.benchmarks.tables import assert_table, result
 
 
 def test_markdown_reports_decode_and_prefill_against_triton_and_sdpa():
@@ -13,8 +13,7 @@ def test_markdown_reports_decode_and_prefill_against_triton_and_sdpa():
               "rel_err_vs_sdpa": 3e-3, "max_diff_vs_triton": 9.8e-4}  # fmt: skip
     windowed = dict(causal, window=1024, ours_tflops=360.0, triton_tflops=200.0)
     del windowed["sdpa_tflops"], windowed["rel_err_vs_sdpa"]
-    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "head_dim": 256,
-           "copy_gbs": 4000.0, "decode": [decode], "prefill": [causal, windowed]}  # fmt: skip
+    res = result(head_dim=256, copy_gbs=4000.0, decode=[decode], prefill=[causal, windowed])
     text = markdown(res)
     assert text.startswith("# Attention at head_dim 256 on GPU")
     lines = text.splitlines()

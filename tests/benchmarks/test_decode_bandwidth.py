@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks.decode_bandwidth import LAYOUTS, LINE_CONTEXTS, fit_line, markdown
-from tests.benchmarks.tables import assert_table
+from tests.benchmarks.tables import assert_table, result
 
 
 def test_markdown_puts_each_layout_against_the_read_floor_and_sdpa():
@@ -11,8 +11,7 @@ def test_markdown_puts_each_layout_against_the_read_floor_and_sdpa():
     plans = {name: "gluon 64/2 S=8" for name in LAYOUTS}
     row = {"dtype": "float16", "q_heads": 32, "kv_heads": 32, "batch": 1, "ctx": 131072, "kv_mb": 2048.0,
            "plans": plans, "us": us, "read_floor_us": 460.35}  # fmt: skip
-    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "pdl": True, "rounds": 5,
-           "rows": [row]}  # fmt: skip
+    res = result(pdl=True, rounds=5, rows=[row])
     lines = markdown(res).splitlines()
     assert lines[0] == "# Bandwidth-bound decode against the read floor on GPU"
     header = next(i for i, line in enumerate(lines) if line.startswith("| dtype |"))
@@ -40,8 +39,7 @@ def test_markdown_gives_each_method_its_streaming_rate_and_fixed_cost():
     }
     points = [{"ctx": c, "kv_gb": gb, "us": {m: s * gb + i for m, (s, i) in per_gb.items()}}
               for c, gb in zip(LINE_CONTEXTS, (0.25, 0.5, 1.0, 2.0, 4.0), strict=True)]  # fmt: skip
-    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "pdl": True, "rounds": 5,
-           "rows": [], "lines": [{"q_heads": 32, "kv_heads": 32, "points": points}]}  # fmt: skip
+    res = result(pdl=True, rounds=5, rows=[], lines=[{"q_heads": 32, "kv_heads": 32, "points": points}])
     lines = markdown(res).splitlines()
     assert "## Streaming rate and fixed cost" in lines
     header = next(i for i, line in enumerate(lines) if line.startswith("| heads | method |"))

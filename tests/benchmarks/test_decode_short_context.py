@@ -2,7 +2,7 @@
 
 from benchmarks.decode_short_context import markdown, one_tile_count
 from kernels.attention.configs import TABLES
-from tests.benchmarks.tables import assert_table
+from tests.benchmarks.tables import assert_table, result
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 
@@ -11,8 +11,7 @@ def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():
            "config": "WsDecodeConfig(block_n=64, num_stages=2, ctas_per_sm=2)", "splits": 24, "plan_us": 5.5,
            "one_tile_splits": 48, "one_tile_us": 6.6, "best_fixed_splits": 24, "best_fixed_us": 5.5,
            "sdpa_us": 11.0, "sweep_us": {"24": 5.5, "48": 6.6}}  # fmt: skip
-    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "rounds": 3,
-           "statistic": "median", "rows": [row]}  # fmt: skip
+    res = result(rounds=3, statistic="median", rows=[row])
     lines = markdown(res).splitlines()
     assert lines[0] == "# Decode at short contexts on GPU"
     assert "the median of 3 interleaved CUDA-graph timings" in lines[2]

@@ -1,7 +1,7 @@
 """The paged-read benchmark's report (GPU-free)."""
 
 from benchmarks.paged_read import CONTEXTS, METHODS, markdown
-from tests.benchmarks.tables import assert_table
+from tests.benchmarks.tables import assert_table, result
 
 
 def test_markdown_gives_each_method_its_times_rate_and_fixed_cost():
@@ -13,8 +13,7 @@ def test_markdown_gives_each_method_its_times_rate_and_fixed_cost():
         {"ctx": c, "kv_gb": gb, "plan": "gluon 64/2 S=8", "us": {m: s * gb + i for m, (s, i) in lines_of.items()}}
         for c, gb in zip(CONTEXTS, gbs, strict=True)
     ]
-    res = {"device": "GPU", "date": "today", "torch": "t", "triton": "tr", "python": "p", "pdl": True, "rounds": 5,
-           "points": points}  # fmt: skip
+    res = result(pdl=True, rounds=5, points=points)
     lines = markdown(res).splitlines()
     assert lines[0] == "# Reading a paged cache before any math on GPU"
     assert "32k: gluon 64/2 S=8, 64k: gluon 64/2 S=8" in lines[2]
