@@ -68,9 +68,7 @@ if gluon is not None:
         kvh = gl.program_id(0)
         b = gl.program_id(1)
         split = gl.program_id(2)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(kc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kc_desc.layout)
-        v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
+        q_smem, k_smem, v_smem = decode_ws.ring_buffers(q_desc, kc_desc, vc_desc, STAGES, BLOCK_N, HEAD_DIM)
         bars = decode_ws.ring_barriers(STAGES)
         gl.warp_specialize([
             (_free_on_arrival, (bars, lens_ptr, window, b, split, num_splits, BLOCK_N, STAGES, HALF_KEYS)),

@@ -244,6 +244,14 @@ if gluon is not None:
             gl.store(lse_ptr + (b * Q_HEADS + heads) * num_splits + split, lse, mask=cols < GROUP)
 
     @gluon.jit
+    def ring_buffers(q_desc, kc_desc, vc_desc, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """The shared memory the loader fills: the query box and the K and V rings of STAGES tiles."""
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(kc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kc_desc.layout)
+        v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
+        return q_smem, k_smem, v_smem
+
+    @gluon.jit
     def ring_barriers(STAGES: gl.constexpr):
         """The mbarriers of the query box and the K/V ring, initialised: (q_ready, k_ready, v_ready, k_empty,
         v_empty), the loader's and the consumer's `bars`. (Every barrier stays in use to the end: on the H200 a
@@ -272,9 +280,7 @@ if gluon is not None:
         kvh = gl.program_id(0)
         b = gl.program_id(1)
         split = gl.program_id(2)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(kc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kc_desc.layout)
-        v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
+        q_smem, k_smem, v_smem = ring_buffers(q_desc, kc_desc, vc_desc, STAGES, BLOCK_N, HEAD_DIM)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], kc_desc.dtype)
         p_smem = gl.allocate_shared_memory(kc_desc.dtype, [NQ, BLOCK_N], p_layout)
         bars = ring_barriers(STAGES)
