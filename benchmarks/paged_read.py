@@ -27,7 +27,7 @@ import statistics
 
 import torch
 
-from benchmarks.attention import decode_inputs, sdpa_calls
+from benchmarks.attention import HEAD_DIM, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.attention_report import config_name
 from benchmarks.decode_bandwidth import fit_line
 from benchmarks.gpu_timing import interleaved_us, read_floor_us
@@ -36,9 +36,8 @@ from kernels.attention import decode, decode_ws, plan
 from kernels.attention.configs import WsDecodeConfig
 from kernels.attention.gluon_sm90 import gl, gluon, mbarrier
 from kernels.attention.pdl import dependent_launch, pdl_options
-from kernels.device import get_device_info
 
-HEADS, HEAD_DIM = 32, 128
+HEADS = 32
 CONTEXTS = [32768, 65536, 131072, 262144]
 ROUNDS = 5
 METHODS = ["read floor", "sdpa", "read, contiguous", "decode, contiguous", "read, paged", "decode, paged"]
@@ -158,9 +157,7 @@ def markdown(res: dict) -> str:
 
 def main() -> None:
     args = results_parser(__doc__).parse_args()
-    device = get_device_info()
-    if gluon is None or not decode_ws.available(device, 1, 16):
-        raise SystemExit("paged_read times the sm_90 Gluon decode: it needs an sm_90 GPU and a Triton with Gluon")
+    device = gluon_decode_device(group=1)
     pdl = dependent_launch(device)
     res = {**device_header(device), "pdl": pdl, "rounds": ROUNDS}
     res["points"] = [bench_context(ctx, device, pdl) for ctx in CONTEXTS]
