@@ -102,6 +102,17 @@ def fit_line(xs, ys) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
+def line_cells(points: list[dict], methods) -> dict[str, str]:
+    """Per method, the table cells of its line through `points` ({"kv_gb", "us": {method: us}}) against the KV
+    bytes: the rate in GB/s, its share of the "read floor" method's rate, the fixed cost in us."""
+    gb = [p["kv_gb"] for p in points]
+    fits = {m: fit_line(gb, [p["us"][m] for p in points]) for m in methods}
+    floor_slope = fits["read floor"][0]
+    return {
+        m: f"{1e6 / slope:.0f} | {floor_slope / slope:.3f} | {intercept:.1f}" for m, (slope, intercept) in fits.items()
+    }
+
+
 def lines_markdown(res: dict) -> list[str]:
     """The time-against-size table: per heads and method, the streaming rate (GB/s, and its share of the read
     floor's) and the fixed cost (us)."""
@@ -115,16 +126,10 @@ def lines_markdown(res: dict) -> list[str]:
         "| heads | method | GB/s | share of read floor rate | fixed cost us |", "|---|---|---|---|---|",
     ]  # fmt: skip
     for line in res["lines"]:
-        gb = [p["kv_gb"] for p in line["points"]]
-        fits = {m: fit_line(gb, [p["us"][m] for p in line["points"]]) for m in methods}
-        floor_slope = fits["read floor"][0]
+        cells = line_cells(line["points"], methods)
         for m in methods:
-            slope, intercept = fits[m]
             name = "SDPA" if m == "sdpa" else m if m == "read floor" else f"ours, {m}"
-            out.append(
-                f"| {line['q_heads']}/{line['kv_heads']} | {name} | {1e6 / slope:.0f} | {floor_slope / slope:.3f} | "
-                f"{intercept:.1f} |"
-            )
+            out.append(f"| {line['q_heads']}/{line['kv_heads']} | {name} | {cells[m]} |")
     return out
 
 

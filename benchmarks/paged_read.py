@@ -16,7 +16,7 @@ back-to-back calls, the median of ROUNDS interleaved measurements:
 - SDPA on contiguous K/V [1, heads, L, head_dim];
 - the read floor (gpu_timing.read_floor_us: a kernel that only reads the same bytes with plain loads).
 
-Per method the least-squares line through its times against the KV bytes (decode_bandwidth.fit_line): the slope
+Per method the least-squares line through its times against the KV bytes (decode_bandwidth.line_cells): the slope
 as a streaming rate, the intercept as a fixed cost. Writes paged_read_<device>.json and .md under --out and prints
 the tables.
 """
@@ -29,7 +29,7 @@ import torch
 
 from benchmarks.attention import HEAD_DIM, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.attention_report import config_name
-from benchmarks.decode_bandwidth import fit_line
+from benchmarks.decode_bandwidth import line_cells
 from benchmarks.gpu_timing import interleaved_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode, decode_ws, plan
@@ -133,9 +133,7 @@ def bench_context(ctx, device, pdl: bool) -> dict:
 
 def markdown(res: dict) -> str:
     points = res["points"]
-    gb = [p["kv_gb"] for p in points]
-    fits = {m: fit_line(gb, [p["us"][m] for p in points]) for m in METHODS}
-    floor_slope = fits["read floor"][0]
+    cells = line_cells(points, METHODS)
     lines = [
         f"# Reading a paged cache before any math on {res['device']}", "",
         f"{versions_line(res)}; programmatic dependent launch: {res['pdl']}. MHA {HEADS}/{HEADS}, head_dim "
@@ -148,10 +146,9 @@ def markdown(res: dict) -> str:
         "|" + "---|" * (4 + len(points)),
     ]  # fmt: skip
     for m in METHODS:
-        slope, intercept = fits[m]
         name = "SDPA" if m == "sdpa" else m
         times = " | ".join(f"{p['us'][m]:.1f}" for p in points)
-        lines.append(f"| {name} | {times} | {1e6 / slope:.0f} | {floor_slope / slope:.3f} | {intercept:.1f} |")
+        lines.append(f"| {name} | {times} | {cells[m]} |")
     return "\n".join(lines) + "\n"
 
 
