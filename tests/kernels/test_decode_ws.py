@@ -178,6 +178,41 @@ def test_ws_waves_config_over_long_sequences():
 
 
 @needs_sm90
+@pytest.mark.parametrize("ramp", [40.0, -40.0, 5.0], ids=["rising", "falling", "within_the_threshold"])
+@pytest.mark.parametrize("grid", ["one_wave", "waves", "short"])
+def test_ws_decode_keeps_a_stale_maximum_only_within_its_threshold(grid, ramp):
+    """Logits that rise (or fall) by `ramp` along each sequence: the consumer computes a tile's probabilities
+    against the running maximum and redoes them only where the tile's maximum passes it by more than
+    decode_ws.RESCALE_LOG2. Rising by 40 it does so many times (S=1) and within every split (S=5); falling, only at
+    each split's first tile; rising by 5 (7.2 in base 2) it never does after the first tile and its probabilities
+    reach 2^7. fp16 and bf16, MHA and GQA, against the float64 reference."""
+    lens = [3000, 1500, 700]
+    config = TABLES["sm_90"].decode_ws_config(128, grid=grid)
+    for dtype, q_heads, kv_heads in ((torch.float16, 8, 8), (torch.bfloat16, 32, 8)):
+        k_cache, v_cache, tables = make_paged(lens, 16, kv_heads, 128, dtype)
+        direction = torch.randn(len(lens), kv_heads, 128, device=DEV)
+        # a group's query heads share their KV head's direction (plus noise), so every head's logits ramp
+        q = direction.repeat_interleave(q_heads // kv_heads, dim=1) + 0.1 * torch.randn(
+            len(lens), q_heads, 128, device=DEV
+        )
+        unit = direction / direction.norm(dim=-1, keepdim=True) ** 2 * 128**0.5  # scale * q . unit = 1
+        for i, n in enumerate(lens):
+            pos = torch.arange(n, device=DEV)
+            rows, slots = tables[i, pos // 16].long(), pos % 16
+            ramped = 0.3 * k_cache[rows, slots].float() + (ramp * pos / n)[:, None, None] * unit[i]
+            k_cache[rows, slots] = ramped.to(dtype)
+        q, seq_lens = q.to(dtype), torch.tensor(lens, dtype=torch.int32, device=DEV)
+        ref = reference.paged_decode_attention(
+            q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 128**-0.5, None, None, None, 0.0
+        )
+        for splits in (1, 5):
+            out = poisoned_like(q)
+            decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 128**-0.5, None, splits, out,
+                                          config=config)  # fmt: skip
+            assert_close(out, ref, dtype)
+
+
+@needs_sm90
 def test_ws_decode_reads_a_query_inside_a_fused_projection():
     qkv = torch.randn(5, 32 + 2 * 8, 128, device=DEV, dtype=torch.float16)
     out, ref = decode_case([5, 100, 300, 17, 64], 16, 32, 8, 128, torch.float16, None, 4, CONFIG, q=qkv[:, :32])
