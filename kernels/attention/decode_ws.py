@@ -28,7 +28,7 @@ One warp does nothing but issue loads:
   across the warps, and redoes them against a new maximum (rescaling the sum and O^T) only where the tile's
   maximum passes the running one by more than RESCALE_LOG2 (probabilities stay below 2^8). The exact step took
   a reduction for the maximum, then the exponentials, then a second reduction for the sum, on every tile. On the
-  H200 (2026-11-30 23:03 UTC, fp16, the plan's config and split count, medians of 7 interleaved measurements, 13
+  H200 (2026-11-30 23:05 UTC, fp16, the plan's config and split count, medians of 7 interleaved measurements, 13
   shapes): 0.1-0.9% less time on 12 (B=1 L=4k GQA 8.30 against 8.38 us, MHA B=1 L=4k 19.32 against 19.47, MHA
   B=128 L=2k 946.9 against 948.1), the same on 1 (B=1 L=1k GQA, splits of two tiles). A first version that
   took the speculative path on a split's first tile too cost 2% there.
