@@ -183,9 +183,10 @@ def test_ws_waves_config_over_long_sequences():
 def test_ws_decode_keeps_a_stale_maximum_only_within_its_threshold(grid, ramp):
     """Logits that rise (or fall) by `ramp` along each sequence: the consumer computes a tile's probabilities
     against the running maximum and redoes them only where the tile's maximum passes it by more than
-    decode_ws.RESCALE_LOG2. Rising by 40 it does so many times (S=1) and within every split (S=5); falling, only at
-    each split's first tile; rising by 5 (7.2 in base 2) it never does after the first tile and its probabilities
-    reach 2^7. fp16 and bf16, MHA and GQA, against the float64 reference."""
+    decode_ws.RESCALE_LOG2 (8 in base 2). Rising by 40 (58 in base 2; 1.2-5 per 64-key tile) it does so every 2-7
+    tiles, at least once within every split at S=5; falling, only at each split's first tile; rising by 5 (7.2 in
+    base 2, plus the keys' noise) hardly ever after the first tile, its probabilities reaching about 2^7. fp16 and
+    bf16, MHA and GQA, against the float64 reference."""
     lens = [3000, 1500, 700]
     config = TABLES["sm_90"].decode_ws_config(128, grid=grid)
     for dtype, q_heads, kv_heads in ((torch.float16, 8, 8), (torch.bfloat16, 32, 8)):
