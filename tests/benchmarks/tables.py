@@ -8,6 +8,14 @@ def assert_table(lines: list[str], header: int, rows: int) -> None:
     assert all(line.count("|") == columns for line in lines[header + 2 : header + 2 + rows])
 
 
+def table_at(lines: list[str], header_start: str, rows: int) -> int:
+    """The index of the first line starting with `header_start`, checked as a table header with `rows` rows
+    (assert_table)."""
+    header = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    assert_table(lines, header, rows)
+    return header
+
+
 def result(**fields) -> dict:
     """A benchmark result as the report functions read it: a stand-in of device_header's fields and the versions
     (what versions_line prints), then `fields`."""

@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks.decode_bandwidth import LAYOUTS, LINE_CONTEXTS, fit_line, markdown
-from tests.benchmarks.tables import assert_table, result
+from tests.benchmarks.tables import result, table_at
 
 
 def test_markdown_puts_each_layout_against_the_read_floor_and_sdpa():
@@ -14,8 +14,7 @@ def test_markdown_puts_each_layout_against_the_read_floor_and_sdpa():
     res = result(pdl=True, rounds=5, rows=[row])
     lines = markdown(res).splitlines()
     assert lines[0] == "# Bandwidth-bound decode against the read floor on GPU"
-    header = next(i for i, line in enumerate(lines) if line.startswith("| dtype |"))
-    assert_table(lines, header, 1)
+    header = table_at(lines, "| dtype |", 1)
     assert lines[header + 2] == (
         "| float16 | 32/32 | 1 | 131072 | 2048 | 460.4 | 465.0 / 0.990 | 471.0 / 0.977 (gluon 64/2 S=8) | 0.987x "
         "| 469.0 / 0.982 (gluon 64/2 S=8) | 0.991x | 465.0 / 0.990 (gluon 64/2 S=8) | 1.000x |"
@@ -42,8 +41,7 @@ def test_markdown_gives_each_method_its_streaming_rate_and_fixed_cost():
     res = result(pdl=True, rounds=5, rows=[], lines=[{"q_heads": 32, "kv_heads": 32, "points": points}])
     lines = markdown(res).splitlines()
     assert "## Streaming rate and fixed cost" in lines
-    header = next(i for i, line in enumerate(lines) if line.startswith("| heads | method |"))
-    assert_table(lines, header, 4)
+    header = table_at(lines, "| heads | method |", 4)
     assert lines[header + 2 : header + 6] == [
         "| 32/32 | read floor | 4630 | 1.000 | 2.0 |",
         "| 32/32 | SDPA | 4545 | 0.982 | 7.0 |",

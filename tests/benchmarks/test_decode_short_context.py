@@ -2,7 +2,7 @@
 
 from benchmarks.decode_short_context import markdown, one_tile_count
 from kernels.attention.configs import TABLES
-from tests.benchmarks.tables import assert_table, result
+from tests.benchmarks.tables import result, table_at
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 
@@ -17,8 +17,7 @@ def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():
     assert "the median of 3 interleaved CUDA-graph timings" in lines[2]
     del res["statistic"]  # results written before it was recorded took the least
     assert "the least of 3 interleaved CUDA-graph timings" in markdown(res).splitlines()[2]
-    header = next(i for i, line in enumerate(lines) if line.startswith("| heads |"))
-    assert_table(lines, header, 1)
+    header = table_at(lines, "| heads |", 1)
     assert lines[header + 2] == (
         "| 28/4 | 128 | 1 | 3072 | 6.0 | gluon(block_n=64, num_stages=2, ctas_per_sm=2) | 24 | 5.50 | 48 | 6.60 "
         "| 0.833 | 5.50 (24) | 1.000 | 11.00 | 2.00x |"

@@ -1,7 +1,7 @@
 """The paged-read benchmark's report (GPU-free)."""
 
 from benchmarks.paged_read import CONTEXTS, METHODS, markdown
-from tests.benchmarks.tables import assert_table, result
+from tests.benchmarks.tables import result, table_at
 
 
 def test_markdown_gives_each_method_its_times_rate_and_fixed_cost():
@@ -17,8 +17,7 @@ def test_markdown_gives_each_method_its_times_rate_and_fixed_cost():
     lines = markdown(res).splitlines()
     assert lines[0] == "# Reading a paged cache before any math on GPU"
     assert "32k: gluon 64/2 S=8, 64k: gluon 64/2 S=8" in lines[2]
-    header = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
-    assert_table(lines, header, len(METHODS))
+    header = table_at(lines, "| method |", len(METHODS))
     assert lines[header] == (
         "| method | L=32k us | L=64k us | L=128k us | L=256k us | GB/s | share of read floor rate | fixed cost us |"
     )
