@@ -60,18 +60,27 @@ def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device):
     return calls, f"{config_name(config)} S={splits}", q, tables.shape[0], kv_bytes
 
 
-def bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl: bool) -> dict:
+def layout_times(dtype, q_heads, kv_heads, batch, ctx, layouts, device, pdl: bool):
+    """ROUNDS interleaved measurements of each of `layouts`' decode (the plan) and of SDPA, then the read floor of the
+    same bytes: (timings per method, each layout's plan, KV bytes, read floor us)."""
     calls, plans = {}, {}
-    for name, (page, in_order) in LAYOUTS.items():
+    for name in layouts:
+        page, in_order = LAYOUTS[name]
         calls[name], plans[name], q, sets, kv_bytes = layout_calls(
             dtype, q_heads, kv_heads, batch, ctx, page, in_order, device
         )
     calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, sets)
     times = interleaved_us(calls, ROUNDS)
+    del calls
+    torch.cuda.empty_cache()
+    return times, plans, kv_bytes, read_floor_us(kv_bytes // 2, sets, pdl)
+
+
+def bench_row(dtype, q_heads, kv_heads, batch, ctx, device, pdl: bool) -> dict:
+    times, plans, kv_bytes, floor = layout_times(dtype, q_heads, kv_heads, batch, ctx, LAYOUTS, device, pdl)
     return {"dtype": str(dtype).removeprefix("torch."), "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch,
            "ctx": ctx, "kv_mb": kv_bytes / 2**20, "plans": plans, "rounds_us": times,
-           "us": {name: statistics.median(t) for name, t in times.items()},
-           "read_floor_us": read_floor_us(kv_bytes // 2, sets, pdl)}  # fmt: skip
+           "us": {name: statistics.median(t) for name, t in times.items()}, "read_floor_us": floor}  # fmt: skip
 
 
 def line_points(q_heads, kv_heads, device, pdl: bool) -> list[dict]:
@@ -79,18 +88,9 @@ def line_points(q_heads, kv_heads, device, pdl: bool) -> list[dict]:
     plan), and the read floor's."""
     points = []
     for ctx in LINE_CONTEXTS:
-        calls = {}
-        for name in LINE_LAYOUTS:
-            page, in_order = LAYOUTS[name]
-            calls[name], _, q, sets, kv_bytes = layout_calls(
-                torch.float16, q_heads, kv_heads, 1, ctx, page, in_order, device
-            )
-        calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, sets)
-        us = {name: statistics.median(t) for name, t in interleaved_us(calls, ROUNDS).items()}
-        del calls
-        torch.cuda.empty_cache()
-        us["read floor"] = read_floor_us(kv_bytes // 2, sets, pdl)
-        points.append({"ctx": ctx, "kv_gb": kv_bytes / 1e9, "us": us})
+        times, _, kv_bytes, floor = layout_times(torch.float16, q_heads, kv_heads, 1, ctx, LINE_LAYOUTS, device, pdl)
+        us = {name: statistics.median(t) for name, t in times.items()}
+        points.append({"ctx": ctx, "kv_gb": kv_bytes / 1e9, "us": {**us, "read floor": floor}})
     return points
 
 
