@@ -10,12 +10,13 @@ from kernels.attention.splits import LONG_TWO_CTA_COUNTS, SHORT_SPLIT_KEYS
 
 def config_name(c: DecodeConfig | WsDecodeConfig) -> str:
     """blk/warps/stages of the Triton kernel; gluon blk/stages of the warp-specialized one (with `rN` where it runs at
-    N registers per thread, not 128, and `half N` where it halves the splits of sequences that half of them read in
-    N keys each)."""
+    N registers per thread, not 128, `half N` where it halves the splits of sequences that half of them read in
+    N keys each, and `pack N` where a CTA reads N KV heads)."""
     if isinstance(c, WsDecodeConfig):
         registers = f" r{c.registers}" if c.registers != 128 else ""
-        return f"gluon {c.block_n}/{c.num_stages}{registers}" + (
-            f" half {c.half_splits_keys}" if c.half_splits_keys else ""
+        half = f" half {c.half_splits_keys}" if c.half_splits_keys else ""
+        return f"gluon {c.block_n}/{c.num_stages}{registers}{half}" + (
+            f" pack {c.pack_heads}" if c.pack_heads > 1 else ""
         )
     return f"{c.block_n}/{c.num_warps}/{c.num_stages}"
 

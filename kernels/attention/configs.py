@@ -103,6 +103,12 @@ class WsDecodeConfig:
     # registers per thread (decode_ws.launch_options): at 128 a CTA of another call (the next one, launched early)
     # can share the SM; above 128 it cannot (decode_ws_short says where that measured faster)
     registers: int = 128
+    # KV heads one CTA reads (decode_ws's PACK: a tile of BLOCK_N // pack_heads tokens x pack_heads heads); the table
+    # keeps 1, plan.decode_plan sets more where splits.pack_heads says so
+    pack_heads: int = 1
+    # with > 0, the plan may pack KV heads on this config where each CTA then reads at most this many keys
+    # (pack_heads x the context bound; splits.pack_heads)
+    pack_max_keys: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,8 +309,14 @@ TABLES: dict[str, ArchTable] = {
         # and 12 grids this config took, less time on 19 of the 21 (32/32 B=128 L=2k 927.0 vs 937.4 and 945.9
         # vs 955.0 us, 32/8 B=1 L=1k 4.54 vs 4.60; 1.1% more at 32/8 B=8 L=4k in one run, 0.3% less in the
         # other). On decode_ws's 4-stage ring (4 grids) it measured 0.985-1.022x, so decode_ws keeps the release
-        # after PV (as does head_dim 256, not measured).
-        decode_ws_waves={128: WD(64, 2, 2, early_k_release=True), 256: WD(64, 2, 1)},
+        # after PV (as does head_dim 256, not measured). At head_dim 128 the plan packs 2 or 4 KV heads per CTA
+        # (decode_ws's PACK) where that turns an unsplit grid of several waves into one wave of CTAs reading at most
+        # 2048 keys each (splits.pack_heads). On the H200 (2026-12-01, fp16, heads 32/8, 64/8, 16/8, 28/4, 32/32,
+        # B=32-256, L=256-2k, medians of 7 interleaved, shuffled 16-token pages), packed to one wave, the unpacked
+        # time over the packed: 1.07-1.08x at 512 keys per CTA (32/8 B=64 L=256 21.0 against 19.5 us), 1.02-1.07x
+        # at 1024, 1.01-1.03x at 2048 (32/8 B=64 L=1k 1.019x, B=128 L=512 1.021x), 0.998-1.009x at 4096 and
+        # 0.987-1.002x at 8192; packed grids short of a wave (768 units in 2 or 4) 0.94-0.99x at L >= 1k.
+        decode_ws_waves={128: WD(64, 2, 2, early_k_release=True, pack_max_keys=2048), 256: WD(64, 2, 1)},
         # at head_dim 128 the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys run a
         # 2-stage ring with the early K release at one CTA per SM (decode_ws_waves's kernel): decode_ws's 4-stage
         # ring asks for a whole short split at once, and with every CTA doing so the first tiles come late. On the

@@ -32,6 +32,16 @@ One warp does nothing but issue loads:
   shapes): 0.1-0.9% less time on 12 (B=1 L=4k GQA 8.30 against 8.38 us, MHA B=1 L=4k 19.32 against 19.47, MHA
   B=128 L=2k 946.9 against 948.1), the same on 1 (B=1 L=1k GQA, splits of two tiles). A first version that
   took the speculative path on a split's first tile too cost 2% there.
+- With the config's `pack_heads` P > 1 (the plan sets it: `splits.pack_heads`) one CTA reads P adjacent KV heads: a
+  tile's BLOCK_N rows are BLOCK_N // P tokens x P heads, one TMA box [page, P, head_dim] per page (the P heads of a
+  token are P * head_dim contiguous elements of the token-major cache), the query box holds the P heads' groups, and
+  each query column's scores are masked to its own head's rows, so the products and the softmax are the unpacked
+  ones. The grid is (KV heads // P, sequences, splits). On unsplit grids of several waves of short sequences, P
+  fewer CTAs of P times the work pay the per-CTA start (the page lookup, the query, the first tile's round trip)
+  once for P heads and make one wave: on the H200 (2026-12-01, fp16, five head layouts, B=32-256, L=256-2k,
+  medians of 7 interleaved) 1.01-1.08x less time where that makes one wave of CTAs reading at most 2048 keys
+  (`configs.py`'s sm_90 table has the sweep), and in the attention grid's run (00:04 UTC, same machine and run)
+  32/8 B=128 L=512 64.9 against 66.5 us, B=64 L=1k 63.7 against 65.0.
 - Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
   [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
   log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges. With the config's
@@ -68,7 +78,8 @@ zero-initialised and only ever holds finite K/V) and masked to -inf before the s
 
 Scope (the sm_90 table's `decode_ws` and `available` decide when planning, `supports` at the call): sm_90,
 fp16/bf16, head_dim 64/128/256 (the table's keys), tiles of a multiple of 64 keys, query groups of at most 64
-heads, pages of 16/32/64 tokens in contiguous caches, no softcap. At head_dim 256 the fp32 accumulator O^T holds
+heads (with packed heads: the P groups together, and whole pages in a tile, `packs`), pages of 16/32/64 tokens in
+contiguous caches, no softcap. At head_dim 256 the fp32 accumulator O^T holds
 256 rows: with 64 query columns the consumer spills about 200 bytes (compiled for sm_90, Triton 3.6; none up to 32
 columns, where Gemma 3's groups of 2-4 are).
 """
@@ -89,6 +100,7 @@ from kernels.attention.gluon_sm90 import (
     load_page_lanes,
     mbarrier,
     on_sm90,
+    page_lane,
     row_descriptor,
     tma,
     tma_rows_ok,
@@ -142,43 +154,54 @@ if gluon is not None:
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), seq_len
 
     @gluon.jit
-    def _issue(desc, pages, s, kvh, ready, smem, PAGE: gl.constexpr):
+    def _issue(desc, pages, s, kvh, ready, smem, PAGE: gl.constexpr, PACK: gl.constexpr):
         """The TMA loads of one tile of K or V into ring stage s: a box per page (the group's boxes s * NBOX on;
-        boxes past the split's end repeat its last page's rows, masked by the consumer)."""
-        BLOCK_N: gl.constexpr = smem.shape[1]
-        HEAD_DIM: gl.constexpr = smem.shape[2]
-        mbarrier.expect(ready.index(s), BLOCK_N * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
-        issue_page_boxes(desc, pages, s * (BLOCK_N // PAGE), kvh * HEAD_DIM, ready.index(s), smem.index(s), PAGE)
+        boxes past the split's end repeat its last page's rows, masked by the consumer). With PACK KV heads per CTA
+        a box holds the page's rows of the CTA's PACK heads ([PAGE, PACK, HEAD_DIM]: tokens, then heads)."""
+        if PACK == 1:
+            BLOCK_N: gl.constexpr = smem.shape[1]
+            HEAD_DIM: gl.constexpr = smem.shape[2]
+            mbarrier.expect(ready.index(s), BLOCK_N * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
+            issue_page_boxes(desc, pages, s * (BLOCK_N // PAGE), kvh * HEAD_DIM, ready.index(s), smem.index(s), PAGE)
+        else:
+            TOK: gl.constexpr = smem.shape[1]
+            HEAD_DIM: gl.constexpr = smem.shape[3]
+            mbarrier.expect(ready.index(s), TOK * PACK * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
+            buf = smem.index(s)
+            for r in gl.static_range(TOK // PAGE):
+                coord = [page_lane(pages, s * (TOK // PAGE) + r) * PAGE, kvh * PACK, 0]
+                tma.async_copy_global_to_shared(desc, coord, ready.index(s), buf.slice(r * PAGE, PAGE))
 
     @gluon.jit
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
                 b, kvh, split, num_splits, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, PDL: gl.constexpr,
-                HALF_KEYS: gl.constexpr):  # fmt: skip
+                HALF_KEYS: gl.constexpr, PACK: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
-        _, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, BLOCK_N, HALF_KEYS)
-        # a box per page: tiles start at multiples of BLOCK_N, which pages (16-64 tokens) divide
-        gl.static_assert(BLOCK_N % PAGE == 0, "whole pages per tile")
-        NBOX: gl.constexpr = BLOCK_N // PAGE
+        TOK: gl.constexpr = BLOCK_N // PACK  # keys per tile (its rows: TOK tokens x PACK heads)
+        _, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, TOK, HALF_KEYS)
+        # a box per page: tiles start at multiples of TOK, which pages (16-64 tokens) divide
+        gl.static_assert(TOK % PAGE == 0, "whole pages per tile")
+        NBOX: gl.constexpr = TOK // PAGE
         last_page = (hi - 1) // PAGE
         table = tables_ptr + b.to(gl.int64) * stride_tb
         # the pages of STAGES tiles are looked up at once, a group ahead: each lookup is a dependent global load
         # (a DRAM round trip where the table is not in L2), paid once per group instead of once per tile. The block
         # table is the engine's input, not the previous kernel's output: the first group's pages load before the
         # wait for that kernel (q and the cache's new rows are its output)
-        GROUP_KEYS: gl.constexpr = STAGES * BLOCK_N
+        GROUP_KEYS: gl.constexpr = STAGES * TOK
         gl.static_assert(LANES >= STAGES * NBOX, "a lane per box of the group")
         pages = load_page_lanes(table, lo // PAGE, last_page, n > 0, LANES)
         # the split's first tile, where it ends before the sequence's last row, loads before the wait too: the kernel
         # before a decode writes of its sequences' rows only the last (the step's new token; the module docstring)
-        early = (n > 0) & (lo + BLOCK_N < seq_len) & PDL
+        early = (n > 0) & (lo + TOK < seq_len) & PDL
         if early:
-            _issue(kc_desc, pages, 0, kvh, k_ready, k_smem, PAGE)
-            _issue(vc_desc, pages, 0, kvh, v_ready, v_smem, PAGE)
+            _issue(kc_desc, pages, 0, kvh, k_ready, k_smem, PAGE, PACK)
+            _issue(vc_desc, pages, 0, kvh, v_ready, v_smem, PAGE, PACK)
         if PDL:
             gdc_wait()
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
+        tma.async_copy_global_to_shared(q_desc, [b, kvh * PACK * GROUP, 0], q_ready.index(0), q_smem)
         for g in range(gl.cdiv(n, STAGES)):
             key0 = lo + (g + 1) * GROUP_KEYS
             following = load_page_lanes(table, key0 // PAGE, last_page, (g + 1) * STAGES < n, LANES)
@@ -188,9 +211,9 @@ if gluon is not None:
                     # K as soon as its buffer is free, V once its own is (without the early K release the consumer
                     # frees both at once)
                     mbarrier.wait(k_empty.index(s), (g & 1) ^ 1)
-                    _issue(kc_desc, pages, s, kvh, k_ready, k_smem, PAGE)
+                    _issue(kc_desc, pages, s, kvh, k_ready, k_smem, PAGE, PACK)
                     mbarrier.wait(v_empty.index(s), (g & 1) ^ 1)
-                    _issue(vc_desc, pages, s, kvh, v_ready, v_smem, PAGE)
+                    _issue(vc_desc, pages, s, kvh, v_ready, v_smem, PAGE, PACK)
             pages = following
 
     @gluon.jit
@@ -211,12 +234,13 @@ if gluon is not None:
                   split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                   Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr, PDL: gl.constexpr,
-                  EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr):  # fmt: skip
+                  EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr, PACK: gl.constexpr):  # fmt: skip
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
         gl.static_assert((BLOCK_N % 64 == 0) & (HEAD_DIM % 64 == 0), "keys and head_dim are wgmma's M: 64s")
         # S^T [BLOCK_N, NQ] and O^T [HEAD_DIM, NQ]: keys and head_dim are the rows, the query group the columns
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 16])
-        start, lo, hi, n, _ = _span(lens_ptr, b, split, num_splits, window, BLOCK_N, HALF_KEYS)
+        TOK: gl.constexpr = BLOCK_N // PACK
+        start, lo, hi, n, _ = _span(lens_ptr, b, split, num_splits, window, TOK, HALF_KEYS)
         m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
         l_i = gl.zeros([NQ], gl.float32, gl.SliceLayout(0, layout))
         acc = gl.zeros([HEAD_DIM, NQ], gl.float32, layout)
@@ -227,18 +251,24 @@ if gluon is not None:
         for j in range(n):
             s = j % STAGES
             phase = (j // STAGES) & 1
-            key0 = lo + j * BLOCK_N
+            key0 = lo + j * TOK
             mbarrier.wait(k_ready.index(s), phase)
             if PDL:
                 if (j == n - 1) & (j > 0):  # the next kernel may launch now (the module docstring says why here)
                     gdc_launch_dependents()
-            sc = warpgroup_mma(k_smem.index(s), q_t, zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma(_tile(k_smem, s, PACK), q_t, zero, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(0, deps=(sc,))
             if EARLY_K:  # K is read by the QK product only
                 mbarrier.arrive(k_empty.index(s), count=1)
-            if (key0 < start) | (key0 + BLOCK_N > hi):  # a window's first tile or the range's last
-                keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+            if (key0 < start) | (key0 + TOK > hi):  # a window's first tile or the range's last
+                keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) // PACK
                 sc = gl.where(((keys >= start) & (keys < hi))[:, None], sc, float("-inf"))
+            if PACK > 1:  # a column sees its own head's rows only (row r holds head r % PACK; the columns past
+                # the heads' groups, not stored, see every row: no column without a visible key)
+                rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+                cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, layout))
+                own = ((rows % PACK)[:, None] == (cols // GROUP)[None, :]) | (cols >= GROUP * PACK)[None, :]
+                sc = gl.where(own, sc, float("-inf"))
             t = sc * qk_scale
             if j == 0:  # t's maximum is finite: every tile holds a visible key
                 p, m_i, l_i, acc = _rescaled(t, gl.max(t, axis=0), m_i, l_i, acc)
@@ -256,7 +286,7 @@ if gluon is not None:
             p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
             fence_async_shared()
             mbarrier.wait(v_ready.index(s), phase)
-            acc = warpgroup_mma(v_smem.index(s).permute((1, 0)), p_t, acc, is_async=True)
+            acc = warpgroup_mma(_tile(v_smem, s, PACK).permute((1, 0)), p_t, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             if not EARLY_K:
                 mbarrier.arrive(k_empty.index(s), count=1)
@@ -264,8 +294,8 @@ if gluon is not None:
         o = acc / gl.where(l_i > 0, l_i, 1.0)[None, :]  # no visible key: zeros
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, layout))
-        heads = kvh * GROUP + cols
-        ok = (cols < GROUP)[None, :] & (dims >= 0)[:, None]
+        heads = kvh * PACK * GROUP + cols
+        ok = (cols < GROUP * PACK)[None, :] & (dims >= 0)[:, None]
         if DIRECT:
             ptrs = out_ptr + (b * stride_ob + heads * stride_oh)[None, :] + dims[:, None]
             gl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=ok)
@@ -273,14 +303,29 @@ if gluon is not None:
             ptrs = part_ptr + (b * stride_pb + heads * stride_ph + split * stride_ps)[None, :] + dims[:, None]
             gl.store(ptrs, o, mask=ok)
             lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-            gl.store(lse_ptr + (b * Q_HEADS + heads) * num_splits + split, lse, mask=cols < GROUP)
+            gl.store(lse_ptr + (b * Q_HEADS + heads) * num_splits + split, lse, mask=cols < GROUP * PACK)
 
     @gluon.jit
-    def ring_buffers(q_desc, kc_desc, vc_desc, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """The shared memory the loader fills: the query box and the K and V rings of STAGES tiles."""
+    def _tile(smem, s, PACK: gl.constexpr):
+        """Ring stage s as wgmma's [BLOCK_N, HEAD_DIM] operand (with PACK heads: its [TOK, PACK, HEAD_DIM] box rows
+        viewed as TOK * PACK rows, no data moved)."""
+        if PACK == 1:
+            return smem.index(s)
+        else:
+            return smem.index(s).reshape([smem.shape[1] * PACK, smem.shape[3]])
+
+    @gluon.jit
+    def ring_buffers(q_desc, kc_desc, vc_desc, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     PACK: gl.constexpr = 1):  # fmt: skip
+        """The shared memory the loader fills: the query box and the K and V rings of STAGES tiles (with PACK heads
+        per CTA, tiles of [BLOCK_N // PACK tokens, PACK heads, HEAD_DIM], the boxes' shape)."""
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(kc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kc_desc.layout)
-        v_smem = gl.allocate_shared_memory(vc_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], vc_desc.layout)
+        if PACK == 1:
+            shape: gl.constexpr = [STAGES, BLOCK_N, HEAD_DIM]
+        else:
+            shape: gl.constexpr = [STAGES, BLOCK_N // PACK, PACK, HEAD_DIM]
+        k_smem = gl.allocate_shared_memory(kc_desc.dtype, shape, kc_desc.layout)
+        v_smem = gl.allocate_shared_memory(vc_desc.dtype, shape, vc_desc.layout)
         return q_smem, k_smem, v_smem
 
     @gluon.jit
@@ -307,21 +352,22 @@ if gluon is not None:
                           window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                           Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, DIRECT: gl.constexpr,
-                          PDL: gl.constexpr, EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr):  # fmt: skip
-        NQ: gl.constexpr = q_desc.block_type.shape[1]  # the query group padded to wgmma's N (query_columns)
-        kvh = gl.program_id(0)
+                          PDL: gl.constexpr, EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr,
+                          PACK: gl.constexpr):  # fmt: skip
+        NQ: gl.constexpr = q_desc.block_type.shape[1]  # the query groups padded to wgmma's N (query_columns)
+        kvh = gl.program_id(0)  # the CTA's first KV head is kvh * PACK
         b = gl.program_id(1)
         split = gl.program_id(2)
-        q_smem, k_smem, v_smem = ring_buffers(q_desc, kc_desc, vc_desc, STAGES, BLOCK_N, HEAD_DIM)
+        q_smem, k_smem, v_smem = ring_buffers(q_desc, kc_desc, vc_desc, STAGES, BLOCK_N, HEAD_DIM, PACK)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], kc_desc.dtype)
         p_smem = gl.allocate_shared_memory(kc_desc.dtype, [NQ, BLOCK_N], p_layout)
         bars = ring_barriers(STAGES)
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
                          window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS)),
+                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS, PACK)),
             (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
-                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, HALF_KEYS)),
+                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, HALF_KEYS, PACK)),
         ], [1], [24])  # fmt: skip
 
 
@@ -340,26 +386,43 @@ def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
     """Shared memory of one CTA: the K and V rings, the query box, P^T and the mbarriers (the compiler adds
     0.2-1 KB of scratch for the softmax's reductions across warps)."""
     ring = 2 * config.num_stages * config.block_n * head_dim * elem_size
-    columns = query_columns(group)
+    columns = query_columns(group * config.pack_heads)
     return ring + columns * (head_dim + config.block_n) * elem_size + 8 * (4 * config.num_stages + 1)
 
 
 def page_lanes(config, page: int) -> int:
     """Lanes of the loader's page lookup: one per box of a group of STAGES tiles, to a power of two."""
-    boxes = config.block_n // page
+    boxes = max(1, config.block_n // config.pack_heads // page)
     return triton.next_power_of_2(config.num_stages * boxes)
 
 
-def descriptors(q, k_cache, v_cache, block_n: int):
-    """TMA descriptors of the query (a 3-D box of query_columns rows per (sequence, KV head)) and of the caches'
-    rows (one box per page)."""
-    head_dim, page = q.shape[-1], k_cache.shape[1]
+def descriptors(q, k_cache, v_cache, block_n: int, pack: int = 1):
+    """TMA descriptors of the query (a 3-D box of query_columns rows per (sequence, CTA's KV heads)) and of the
+    caches' rows (one box per page: [page, head_dim] of the [tokens, heads * head_dim] view, or with `pack` KV heads
+    per CTA [page, pack, head_dim] of the [tokens, heads, head_dim] view)."""
+    head_dim, page, kv_heads = q.shape[-1], k_cache.shape[1], k_cache.shape[2]
     dtype = gl_dtype(q.dtype)
-    columns = query_columns(q.shape[1] // k_cache.shape[2])
+    columns = query_columns(q.shape[1] // kv_heads * pack)
     q_layout = gl.NVMMASharedLayout.get_default_for([1, columns, head_dim], dtype)
     q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, columns, head_dim], q_layout)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
-    return q_desc, row_descriptor(k_cache, page, kv_layout), row_descriptor(v_cache, page, kv_layout)
+    if pack == 1:
+        kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+        return q_desc, row_descriptor(k_cache, page, kv_layout), row_descriptor(v_cache, page, kv_layout)
+    box = [page, pack, head_dim]
+    kv_layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
+
+    def heads_view(t):
+        shape = [t.numel() // (kv_heads * head_dim), kv_heads, head_dim]
+        return TensorDescriptor(t, shape, [t.stride(-3), t.stride(-2), 1], box, kv_layout)
+
+    return q_desc, heads_view(k_cache), heads_view(v_cache)
+
+
+def packs(config, group: int, kv_heads: int, page: int, pack: int) -> bool:
+    """Whether the kernel can take `pack` KV heads per CTA with this config: a divisor of kv_heads, the heads' query
+    groups within MAX_GROUP columns, and whole pages in a tile's BLOCK_N // pack keys."""
+    keys = config.block_n // pack
+    return kv_heads % pack == 0 and group * pack <= MAX_GROUP and keys >= page and keys % page == 0
 
 
 def constexprs(q_heads: int, kv_heads: int, head_dim: int, page: int, config, num_splits: int, pdl: bool) -> dict:
@@ -368,6 +431,7 @@ def constexprs(q_heads: int, kv_heads: int, head_dim: int, page: int, config, nu
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
         STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=num_splits == 1, PDL=pdl,
         EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys if num_splits > 1 else 0,
+        PACK=config.pack_heads,
     )  # fmt: skip
 
 
@@ -376,9 +440,15 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
     log-sum-exps for `decode._reduce_kernel`."""
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n)
+    pack = config.pack_heads
+    if not packs(config, q_heads // kv_heads, kv_heads, page, pack):
+        raise ValueError(
+            f"decode_ws config {config} cannot take {pack} KV heads per CTA here: {kv_heads} KV heads, query groups "
+            f"of {q_heads // kv_heads}, pages of {page} tokens (packs() says what it needs)"
+        )
+    q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n, pack)
     part_strides = (0, 0, 0) if num_splits == 1 else part.stride()[:3]
-    _ws_decode_kernel[(kv_heads, batch, num_splits)](
+    _ws_decode_kernel[(kv_heads // pack, batch, num_splits)](
         q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides, **constexprs(q_heads, kv_heads, head_dim, page, config, num_splits, pdl),

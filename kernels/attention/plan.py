@@ -7,6 +7,8 @@ table, the SM count), so the engine plans once per batch bucket and the plan hol
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kernels.attention import decode_ws
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig, table_for
@@ -22,7 +24,8 @@ def decode_plan(
     DEEP_MIN_TOKENS keys, and to its short-split config at the same count where its splits read at most
     SHORT_SPLIT_KEYS keys (short_splits_config); at splits.LONG_TWO_CTA_COUNTS with longer splits it gives way to the
     arch's decode_ws_long at the two-CTA config's count (long_splits_config). Else the arch's config for grids of
-    several waves (many_wave_config) with the wave model's split count (decode_splits).
+    several waves (many_wave_config) with the wave model's split count (decode_splits); unsplit, with 2 or 4 KV heads
+    per CTA where that makes one wave of short CTAs (packed_config).
 
     On sm_90 in fp16/bf16 (where Gluon is there) that makes, at head_dim 128: the Gluon kernel at one CTA per SM on
     one-wave grids it runs unsplit, splits 32+ ways, or 16 ways into splits of at most SHORT_SPLIT_KEYS keys (or 2-8
@@ -59,7 +62,22 @@ def decode_plan(
     config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
-    return num_splits, config
+    return num_splits, packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits,
+                                     device)  # fmt: skip
+
+
+def packed_config(config, group: int, kv_heads: int, page: int, units: int, max_context: int, num_splits: int,
+                  device):  # fmt: skip
+    """`config` with the KV heads per CTA splits.pack_heads gives an unsplit grid of several waves, where the config
+    has pack_max_keys and the Gluon kernel can take that many (decode_ws.packs); else `config`."""
+    if not isinstance(config, WsDecodeConfig) or not config.pack_max_keys or num_splits != 1:
+        return config
+    pack = split_model.pack_heads(
+        units, kv_heads, max_context, _sm_count(device), config.ctas_per_sm, config.pack_max_keys
+    )
+    if pack == 1 or not decode_ws.packs(config, group, kv_heads, page, pack):
+        return config
+    return replace(config, pack_heads=pack)
 
 
 def short_splits_config(table, config, head_dim: int, dtype, max_context: int, count: int):

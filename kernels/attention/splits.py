@@ -82,6 +82,10 @@ SHORT_SPLIT_KEYS = 2048
 # One-wave counts of the one-CTA Gluon config at which splits of more than SHORT_SPLIT_KEYS keys give way to the
 # table's decode_ws_long at twice the count (configs.py's sm_90 table has the measurements; at 32 it lost).
 LONG_TWO_CTA_COUNTS = (16,)
+# KV heads per CTA the plan tries, largest first, on a config with pack_max_keys (pack_heads below), and the share of
+# one wave the packed grid must fill (256 CTAs of 264 slots: 0.97; packed grids of 384 or 192, 0.73, lost).
+PACK_COUNTS = (4, 2)
+PACK_MIN_WAVE = 0.9
 
 
 def modelled_time_us(
@@ -140,3 +144,21 @@ def short_splits(max_context: int, count: int) -> bool:
 def in_one_deep_wave(units: int, splits: int, max_context: int, sm_count: int, ctas_per_sm: int) -> bool:
     """Whether a grid of units * splits CTAs suits a one-wave config: one wave, each split >= DEEP_MIN_TOKENS keys."""
     return units * splits <= sm_count * ctas_per_sm and max_context >= splits * DEEP_MIN_TOKENS
+
+
+def pack_heads(units: int, kv_heads: int, max_context: int, sm_count: int, ctas_per_sm: int, max_keys: int) -> int:
+    """KV heads per CTA for an unsplit grid of `units` (sequence, KV head) CTAs (1: none packed): the largest of
+    PACK_COUNTS that divides kv_heads and turns a grid of more than one wave into one wave (at least PACK_MIN_WAVE of
+    its slots) of CTAs reading at most max_keys keys each (the count times the context bound).
+
+    Each CTA pays a fixed cost (the block-table lookup, the query's load and the first tile's round trip) and a grid
+    of several waves a ragged last wave; packing heads makes fewer, longer CTAs reading a token's packed heads as one
+    row. Measured where that pays (configs.py's sm_90 table): short contexts (1.02-1.08x at 512-2048 keys per CTA),
+    not long ones (0.99-1.01x at 4096-8192), and only onto a full wave."""
+    slots = sm_count * ctas_per_sm
+    if max_keys <= 0 or units <= slots:
+        return 1
+    for pack in PACK_COUNTS:
+        if kv_heads % pack == 0 and pack * max_context <= max_keys and PACK_MIN_WAVE * slots <= units / pack <= slots:
+            return pack
+    return 1

@@ -68,7 +68,7 @@ def gluon_decode_ptx(config, head_dim=128) -> str:
     page = 16
     q = torch.empty(8, 32, head_dim, dtype=torch.float16)
     cache = torch.empty(64, page, 8, head_dim, dtype=torch.float16)
-    q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
+    q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n, config.pack_heads)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
     consts = decode_ws.constexprs(32, 8, head_dim, page, config, num_splits=2, pdl=True)  # partials, halving
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.launch_options(config))

@@ -4,6 +4,8 @@ The kernel runs on an sm_90 GPU only (Gluon has no interpreter); when it can ser
 (`decode_ws.available`/`supports`) and the Triton fallback's numerics are checked everywhere, the plan that picks it
 in test_split_heuristic.py."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,36 @@ def test_page_lanes_cover_a_group_of_tiles():
     assert decode_ws.page_lanes(WsDecodeConfig(64, 3, 1), 32) == 8  # 3 tiles of 2 pages, to a power of two
     assert decode_ws.page_lanes(WsDecodeConfig(64, 4, 1), 64) == 4  # a box per tile
     assert decode_ws.page_lanes(WsDecodeConfig(128, 2, 1), 16) == 16
+
+
+def test_packed_heads_size_the_query_box_and_the_page_lookup():
+    """With pack_heads KV heads per CTA a tile holds block_n // pack_heads tokens of each (so fewer pages per tile to
+    look up) and the query box the heads' groups."""
+    packed = WsDecodeConfig(64, 2, 2, pack_heads=4)
+    assert decode_ws.page_lanes(packed, 16) == 2  # 2 tiles of one 16-token page
+    assert decode_ws.page_lanes(WsDecodeConfig(64, 2, 2, pack_heads=2), 16) == 4
+    plain = WsDecodeConfig(64, 2, 2)
+    assert decode_ws.smem_bytes(packed, 128, 2, 4) - decode_ws.smem_bytes(plain, 128, 2, 4) == 8 * (128 + 64) * 2
+    assert decode_ws.smem_bytes(packed, 128, 2, 1) == decode_ws.smem_bytes(plain, 128, 2, 1)  # 8 columns either way
+
+
+def test_packs_only_whole_pages_of_dividing_heads_within_its_columns():
+    config = WsDecodeConfig(64, 2, 2)
+    assert decode_ws.packs(config, 4, 8, 16, 4) and decode_ws.packs(config, 4, 8, 16, 2)
+    assert decode_ws.packs(config, 16, 4, 16, 4)  # 64 query columns
+    assert not decode_ws.packs(config, 32, 4, 16, 4)  # 128 columns
+    assert not decode_ws.packs(config, 4, 6, 16, 4)  # 4 does not divide 6 KV heads
+    assert not decode_ws.packs(config, 4, 8, 32, 4)  # 16 tokens per tile: half a 32-token page
+    assert decode_ws.packs(config, 4, 8, 32, 2) and not decode_ws.packs(config, 4, 8, 64, 2)
+
+
+@pytest.mark.skipif(gluon_sm90.gluon is None, reason="needs Triton's Gluon")
+def test_launch_refuses_a_packing_the_kernel_cannot_take():
+    q = torch.zeros(2, 24, 128, dtype=torch.float16)
+    cache = torch.zeros(4, 16, 6, 128, dtype=torch.float16)
+    tables, lens = torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="cannot take 4 KV heads per CTA here: 6 KV heads"):
+        decode_ws.launch(q, cache, cache, tables, lens, 1.0, None, 1, q, q, q, WsDecodeConfig(64, 2, 2, pack_heads=4))
 
 
 def test_available_only_where_the_kernel_can_serve_the_model():
@@ -211,6 +243,42 @@ def test_ws_decode_keeps_a_stale_maximum_only_within_its_threshold(grid, ramp):
             decode.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 128**-0.5, None, splits, out,
                                           config=config)  # fmt: skip
             assert_close(out, ref, dtype)
+
+
+@needs_sm90
+@pytest.mark.parametrize(
+    "pack,page,q_heads,kv_heads,dtype",
+    [
+        (4, 16, 32, 8, torch.float16),  # GQA: 16 query columns
+        (2, 16, 32, 8, torch.bfloat16),
+        (2, 32, 8, 8, torch.float16),  # MHA, 32-token pages: one page per 32-token tile
+        (4, 16, 32, 32, torch.bfloat16),
+        (4, 16, 64, 4, torch.float16),  # groups of 16: 64 query columns
+        (2, 16, 28, 4, torch.bfloat16),  # groups of 7: 14 heads' rows in 16 columns
+    ],
+    ids=str,
+)
+def test_ws_decode_packs_kv_heads_per_cta(pack, page, q_heads, kv_heads, dtype):
+    """pack_heads KV heads per CTA (a tile of 64 // pack tokens x pack heads, each query column seeing its own
+    head's rows): ragged lengths across page and tile edges, windows, 1-16 splits, the many-wave config the plan
+    packs, against the float64 reference."""
+    config = dataclasses.replace(TABLES["sm_90"].decode_ws_config(128, dtype, grid="waves"), pack_heads=pack)
+    for window, splits in RUNS:
+        out, ref = decode_case(LENS, page, q_heads, kv_heads, 128, dtype, window, splits, config)
+        assert_close(out, ref, dtype)
+    lens = [(37 * i) % 700 + 1 for i in range(96)]  # several waves of packed CTAs
+    out, ref = decode_case(lens, page, q_heads, kv_heads, 128, dtype, None, 1, config)
+    assert_close(out, ref, dtype)
+
+
+@needs_sm90
+def test_the_plan_packs_kv_heads_on_a_grid_it_turns_into_one_wave():
+    """Unplanned, 128 sequences of 512 keys with 8 KV heads (1024 units) run 4 KV heads per CTA on an H200: one wave
+    of 256 CTAs."""
+    count, config = plan.decode_plan(*plan_inputs(128, 512), device_for(torch.empty(0, device=DEV)))
+    assert (count, config.pack_heads) == (1, 4)
+    out, ref = decode_case([512 - (7 * i) % 500 for i in range(128)], 16, 32, 8, 128, torch.float16, None, None, None)
+    assert_close(out, ref, torch.float16)
 
 
 @needs_sm90

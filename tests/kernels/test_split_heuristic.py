@@ -167,7 +167,7 @@ def test_long_splits_take_the_halving_two_cta_config_at_twice_the_count():
     visible range 16 read in 256 keys each; not at other counts, other head_dims, fp32 or Triton."""
     sm90 = sim_device((9, 0), sm_count=132)
     assert splits.LONG_TWO_CTA_COUNTS == (16,)
-    assert LONG == dataclasses.replace(WAVES, half_splits_keys=256)
+    assert LONG == dataclasses.replace(WAVES, half_splits_keys=256, pack_max_keys=0)  # one-wave grids: no packing
     assert all(c.half_splits_keys == 0 for c in (WS, SHORT, WAVES))
     assert LONG.registers == WAVES.registers == 128  # two CTAs per SM
     if decode_ws.available(sm90, 4, 16):
@@ -201,7 +201,9 @@ def test_decode_plan_of_a_grid_of_several_waves():
     # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
     if decode_ws.available(sm90, 4, 16):
         assert decode_plan(*inputs, sm90) == (9, WAVES)
-        assert decode_plan(*plan_inputs(128, 512), sm90)[1] == WAVES  # 1024 units
+        # 1024 units: packed 4 KV heads per CTA into one wave (the next test)
+        assert decode_plan(*plan_inputs(128, 512), sm90) == (1, dataclasses.replace(WAVES, pack_heads=4))
+        assert decode_plan(*plan_inputs(128, 2048), sm90) == (1, WAVES)  # 1024 units, 8192 keys per packed CTA
         assert decode_plan(*plan_inputs(1, 1024), sm90)[1] == WAVES  # 8 units, splits too short for one wave
     assert decode_plan(*inputs, sm90, gluon=False) == (3, triton)
     assert decode_plan(*plan_inputs(128, 512), sm90, gluon=False)[1] == triton
@@ -210,6 +212,48 @@ def test_decode_plan_of_a_grid_of_several_waves():
     fp32 = plan_inputs(40, 32768, dtype=torch.float32)
     assert decode_plan(*fp32, sm90)[1] == TABLES["sm_90"].decode_config(128, torch.float32)
     assert decode_plan(*plan_inputs(40, 32768, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_config(64)
+
+
+def test_pack_heads_turns_an_unsplit_grid_of_several_waves_into_one():
+    """splits.pack_heads: the largest of 4 and 2 KV heads per CTA that divides the heads and makes a grid of more
+    than one wave one wave (at least 90% of its slots) of CTAs reading at most max_keys keys; else 1."""
+
+    def pack(units, ctx, kv_heads=8, sm_count=132, max_keys=2048):
+        return splits.pack_heads(units, kv_heads, ctx, sm_count, 2, max_keys)
+
+    assert pack(1024, 512) == 4  # 256 CTAs of 264 slots
+    assert pack(1024, 256) == 4 and pack(2048, 256) == 1  # 512 CTAs at 4: two waves
+    assert pack(512, 1024) == 2 and pack(512, 256) == 2  # at 4: 128 CTAs, half a wave
+    assert pack(512, 2048) == 1 and pack(1024, 1024) == 1  # 4096 keys per packed CTA
+    assert pack(768, 256) == 1  # 384 or 192 CTAs: no whole wave
+    assert pack(256, 256) == 1 and pack(264, 256) == 1  # one wave already
+    assert pack(1024, 512, kv_heads=6) == 1 and pack(1024, 512, kv_heads=2) == 1  # 4 divides neither
+    assert pack(1024, 512, max_keys=0) == 1  # a config without packing
+    assert pack(1024, 512, sm_count=114) == 1  # 228 slots: 256 CTAs are more than a wave, 512 two
+
+
+def test_decode_plan_packs_heads_only_on_unsplit_grids_of_its_many_wave_config():
+    """sm_90 at head_dim 128 in fp16/bf16 (where Gluon is there): the many-wave config with pack_heads where
+    splits.pack_heads and the kernel (decode_ws.packs: whole pages per tile, at most 64 query columns) allow."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    if not decode_ws.available(sm90, 4, 16):
+        pytest.skip("needs Triton's Gluon")
+    packed = {p: dataclasses.replace(WAVES, pack_heads=p) for p in (2, 4)}
+    assert decode_plan(*plan_inputs(64, 1024), sm90) == (1, packed[2])  # 32/8: 512 units
+    assert decode_plan(*plan_inputs(32, 512, 32, 32), sm90) == (1, packed[4])  # MHA: 1024 units
+    assert decode_plan(*plan_inputs(256, 512, 64, 4), sm90) == (1, packed[4])  # groups of 16: 64 columns
+    assert decode_plan(*plan_inputs(128, 512, 32, 32), sm90) == (1, WAVES)  # 4096 units
+    assert decode_plan(*plan_inputs(96, 512), sm90) == (1, WAVES)  # 768 units
+    assert decode_plan(*plan_inputs(128, 512, page=32), sm90) == (1, WAVES)  # 4 heads: half a page per tile
+    assert decode_plan(*plan_inputs(128, 512, page=64), sm90) == (1, WAVES)
+    assert decode_plan(*plan_inputs(128, 512), sm90, gluon=False)[1] == TABLES["sm_90"].decode_config(128)
+    assert decode_plan(*plan_inputs(128, 512, dtype=torch.float32), sm90)[1] == TABLES["sm_90"].decode_config(
+        128, torch.float32
+    )
+    assert decode_plan(*plan_inputs(128, 512, 16, 8, 256), sm90)[1].pack_heads == 1  # head_dim 256
+    assert decode_plan(*plan_inputs(128, 512), sim_device((8, 0), sm_count=108))[1] == TABLES["sm_80"].decode_config(
+        128
+    )
 
 
 def test_gluon_splits_read_two_tiles_at_least_beyond_one_wave_too():
