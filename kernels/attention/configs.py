@@ -311,11 +311,11 @@ TABLES: dict[str, ArchTable] = {
         # other). On decode_ws's 4-stage ring (4 grids) it measured 0.985-1.022x, so decode_ws keeps the release
         # after PV (as does head_dim 256, not measured). At head_dim 128 the plan packs 2 or 4 KV heads per CTA
         # (decode_ws's PACK) where that turns an unsplit grid of several waves into one wave of CTAs reading at most
-        # 2048 keys each (splits.pack_heads). On the H200 (2026-12-01, fp16, heads 32/8, 64/8, 16/8, 28/4, 32/32,
-        # B=32-256, L=256-2k, medians of 7 interleaved, shuffled 16-token pages), packed to one wave, the unpacked
-        # time over the packed: 1.07-1.08x at 512 keys per CTA (32/8 B=64 L=256 21.0 against 19.5 us), 1.02-1.07x
-        # at 1024, 1.01-1.03x at 2048 (32/8 B=64 L=1k 1.019x, B=128 L=512 1.021x), 0.998-1.009x at 4096 and
-        # 0.987-1.002x at 8192; packed grids short of a wave (768 units in 2 or 4) 0.94-0.99x at L >= 1k.
+        # 2048 keys each (splits.pack_heads). On the H200 (2026-12-01 00:14 UTC, benchmarks/decode_packing.py: fp16,
+        # heads 32/8, 64/8, 16/8, 28/4, 32/32, B=32-256, L=256-2k, medians of 7 interleaved, shuffled 16-token
+        # pages) the unpacked time over the packed on the 20 grids the plan packs: 1.055-1.095x at L=256, 1.019-1.038x
+        # at 512, 1.016-1.024x at 1k (32/8 B=128 L=512 1.031x, B=64 L=1k 1.024x); one wave of longer CTAs
+        # 0.994-1.009x at 4096 keys per CTA, 0.987-1.003x at 8192; packed grids short of a wave 0.94-0.99x at L >= 512.
         decode_ws_waves={128: WD(64, 2, 2, early_k_release=True, pack_max_keys=2048), 256: WD(64, 2, 1)},
         # at head_dim 128 the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys run a
         # 2-stage ring with the early K release at one CTA per SM (decode_ws_waves's kernel): decode_ws's 4-stage

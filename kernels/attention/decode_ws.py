@@ -38,10 +38,10 @@ One warp does nothing but issue loads:
   each query column's scores are masked to its own head's rows, so the products and the softmax are the unpacked
   ones. The grid is (KV heads // P, sequences, splits). On unsplit grids of several waves of short sequences, P
   fewer CTAs of P times the work pay the per-CTA start (the page lookup, the query, the first tile's round trip)
-  once for P heads and make one wave: on the H200 (2026-12-01, fp16, five head layouts, B=32-256, L=256-2k,
-  medians of 7 interleaved) 1.01-1.08x less time where that makes one wave of CTAs reading at most 2048 keys
-  (`configs.py`'s sm_90 table has the sweep), and in the attention grid's run (00:04 UTC, same machine and run)
-  32/8 B=128 L=512 64.9 against 66.5 us, B=64 L=1k 63.7 against 65.0.
+  once for P heads and make one wave: on the H200 (2026-12-01, `benchmarks/decode_packing.py`, fp16, five head
+  layouts, B=32-256, L=256-2k) the unpacked grid took 1.02-1.10x the time where packing makes one wave of CTAs
+  reading at most 2048 keys (`configs.py`'s sm_90 table has the figures), and in the attention grid's run (00:04
+  UTC, same machine and run) 32/8 B=128 L=512 64.9 against 66.5 us, B=64 L=1k 63.7 against 65.0.
 - Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
   [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
   log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges. With the config's

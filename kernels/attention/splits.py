@@ -153,8 +153,8 @@ def pack_heads(units: int, kv_heads: int, max_context: int, sm_count: int, ctas_
 
     Each CTA pays a fixed cost (the block-table lookup, the query's load and the first tile's round trip) and a grid
     of several waves a ragged last wave; packing heads makes fewer, longer CTAs reading a token's packed heads as one
-    row. Measured where that pays (configs.py's sm_90 table): short contexts (1.02-1.08x at 512-2048 keys per CTA),
-    not long ones (0.99-1.01x at 4096-8192), and only onto a full wave."""
+    row. Measured where that pays (configs.py's sm_90 table, benchmarks/decode_packing.py): short contexts
+    (1.02-1.10x at 512-2048 keys per CTA), not long ones (0.99-1.01x at 4096-8192), and only onto a full wave."""
     slots = sm_count * ctas_per_sm
     if max_keys <= 0 or units <= slots:
         return 1
