@@ -7,6 +7,7 @@ the next kernel launch. Run without TRITON_INTERPRET (test_dependent_launch.py d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -88,6 +89,8 @@ def main() -> None:
             name = "decode_ws" if grid == "one_wave" else f"decode_ws_{grid}"
             report[name] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(128, grid=grid)))
         report["decode_ws_256"] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(256), 256))
+        packed = dataclasses.replace(TABLES["sm_90"].decode_ws_config(128, grid="waves"), pack_heads=4)
+        report["decode_ws_waves_pack4"] = before_wait(gluon_decode_ptx(packed))
     print(json.dumps(report))
 
 

@@ -72,6 +72,10 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
             assert set(sm90_ptx[config]["before"]) == {"ld.global", "cp.async.bulk.tensor.2d"}
             assert sm90_ptx[config]["before"].count("cp.async.bulk.tensor.2d") == 4 * 2 * boxes
             assert sm90_ptx[config]["launches"] == 1
+        # 4 KV heads per CTA: the first tile is one 16-token page of the 4 heads, K and V, each a 3-D box as two
+        # 64-column halves; the query's box (3-D too) after the wait
+        packed = sm90_ptx["decode_ws_waves_pack4"]
+        assert packed["before"] == ["ld.global"] * 3 + ["cp.async.bulk.tensor.3d"] * 4 and packed["launches"] == 1
 
 
 @needs_pdl
