@@ -19,7 +19,7 @@ import torch
 from kernels.device import device_for, get_device_info
 from llm.config import EngineConfig
 from llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use_context
-from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets
+from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
 from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
 from llm.engine.transfer import padded_rows, round_up, to_device
@@ -87,7 +87,8 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.max_blocks = math.ceil(max_model_len / self.block_size)
         self.buckets = batch_buckets(min(config.scheduler.max_num_seqs, 512))
-        self._plans: dict[int, DecodePlan] = {}  # batch bucket -> decode_plan
+        self.context_buckets = context_buckets(max_model_len)
+        self._plans: dict[tuple[int, int], DecodePlan] = {}  # (batch bucket, context bucket) -> decode_plan
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not config.enforce_eager:
             self.graphs = DecodeGraphs.capture(
@@ -97,6 +98,7 @@ class ModelRunner:
                 round_up(self.max_blocks, TABLE_WIDTH_MULTIPLE),  # the widest table padded_rows builds
                 self.uses_mrope,
                 self.decode_plan,
+                self.context_buckets,
             )
         if self.device.type == "cuda":
             self._compile_step_kernels()
@@ -168,22 +170,25 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------
 
-    def decode_plan(self, batch: int) -> DecodePlan:
-        """(split count, kernel config) of decode attention for a batch: the kernel's plan at the batch's graph
-        bucket and max_model_len, so eager and graph decode split alike and run the config the count was planned
-        for (an eager step's narrower block table would otherwise re-plan and may move a one-wave count onto
-        another config). (None, None) on CPU (unused there)."""
+    def decode_plan(self, batch: int, max_context: int | None = None) -> DecodePlan:
+        """(split count, kernel config) of decode attention for a batch whose longest sequence holds `max_context`
+        keys (default max_model_len): the kernel's plan at the batch's graph bucket and the context bucket that
+        holds it (cuda_graphs.context_buckets), so eager and graph decode split alike and run the config the count
+        was planned for (an eager step's own block table would otherwise re-plan and may move a one-wave count
+        onto another config). (None, None) on CPU (unused there)."""
         if self.device.type != "cuda":
             return None, None
         bucket = next((b for b in self.buckets if b >= batch), batch)
-        if bucket not in self._plans:
+        context = context_bucket(self.context_buckets, max_context or self.context_buckets[-1])
+        if (bucket, context) not in self._plans:
             from kernels.attention import plan
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             q = torch.empty(bucket, attn.num_heads, attn.head_dim, dtype=self.dtype, device="meta")
-            tables = torch.empty(bucket, self.max_blocks, dtype=torch.int32, device="meta")
-            self._plans[bucket] = plan.decode_plan(q, k_cache, tables, device_for(k_cache))
-        return self._plans[bucket]
+            width = math.ceil(context / self.block_size)
+            tables = torch.empty(bucket, width, dtype=torch.int32, device="meta")
+            self._plans[bucket, context] = plan.decode_plan(q, k_cache, tables, device_for(k_cache))
+        return self._plans[bucket, context]
 
     def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:
         if not self.uses_mrope:
@@ -231,7 +236,10 @@ class ModelRunner:
         is_prefill = max_q > 1
         num_decode = _leading_one_token_seqs(seqs) if is_prefill else 0
         decode_rows = num_decode if is_prefill else len(seqs)  # the rows that run on the split-k decode kernel
-        num_splits, decode_config = self.decode_plan(decode_rows) if decode_rows else (None, None)
+        # planned for the decode rows' longest sequence (its context bucket), as the step's graph was captured
+        num_splits, decode_config = (
+            self.decode_plan(decode_rows, max(seq_lens[:decode_rows])) if decode_rows else (None, None)
+        )
         meta = AttentionMetadata(
             is_prefill=is_prefill,
             slot_mapping=to_device(slots, torch.long, dev),

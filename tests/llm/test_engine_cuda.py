@@ -1,10 +1,11 @@
 """The engine on an sm_90 GPU: eager decode steps run the kernel plan their CUDA graphs were captured with.
 
-The runner plans decode attention's (split count, kernel config) once per batch bucket at max_model_len
-and hands both to every step. An eager step's block table is only as wide as its longest sequence; planned
-from it, a one-wave count would no longer be the one-CTA Gluon config's own and the step would run another
-config (the Gluon kernel at two CTAs per SM, or the Triton kernel). Skipped without an sm_90 GPU (the CPU suite
-checks the hand-over in tests/llm/test_layers.py)."""
+The runner plans decode attention's (split count, kernel config) per batch bucket and context bucket (the step's
+longest sequence, cuda_graphs.context_buckets) and hands both to every step; a bucket's graphs are captured per
+distinct plan. An eager step's block table is only as wide as its longest sequence; planned from it, a one-wave
+count would no longer be the one-CTA Gluon config's own and the step would run another config (the Gluon kernel at
+two CTAs per SM, or the Triton kernel). Skipped without an sm_90 GPU (the CPU suite checks the hand-over in
+tests/llm/test_layers.py and the bucketing in tests/llm/test_cuda_graphs.py)."""
 
 from __future__ import annotations
 
@@ -32,15 +33,51 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, monkeypatch):
 
     monkeypatch.setattr(decode_ws, "launch", recording_launch)
     results = {}
+    longest = len(PROMPTS[1]) + GREEDY.max_tokens  # 52 keys: the 512-key context bucket
     for eager in (True, False):
         llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager)
-        plans = [llm.engine.runner.decode_plan(batch) for batch in (1, 2)]
+        runner = llm.engine.runner
+        plans = [runner.decode_plan(batch) for batch in (1, 2)]  # at max_model_len
         assert all(isinstance(config, WsDecodeConfig) for _, config in plans), plans
         assert [count for count, _ in plans] == [64, 32]
-        assert (llm.engine.runner.graphs is None) == eager  # the graph run replays captured graphs
+        short = runner.decode_plan(2, longest)
+        assert short == runner.decode_plan(2, 512) and short[0] < 32  # 32 splits of 512 keys: under a tile each
+        assert (runner.graphs is None) == eager  # the graph run replays captured graphs
+        if not eager:  # one graph per distinct plan over the context buckets, the shortest holding 512 keys
+            assert len(runner.graphs.graphs[2]) > 1 and runner.graphs.graphs[2][0][0] >= 512
         launched.clear()
         results[eager] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         if eager:  # every decode layer call (graph replays launch nothing from Python)
-            assert launched and set(launched) == {plans[1]}, launched  # (32, the planned config)
+            assert launched and set(launched) == {short}, launched  # the plan of the step's context bucket
+        llm.close()
+    assert results[True] == results[False]
+
+
+@needs_sm90
+def test_many_short_sequences_decode_on_packed_kv_heads_in_graphs_and_eagerly(tmp_path, monkeypatch):
+    # 8 KV heads of 128 dims, an 8k context, 128 sequences of under 512 keys: their context bucket's plan packs 4
+    # KV heads per CTA (one wave of 256 CTAs); at max_model_len the same batch is planned unpacked
+    model_dir = make_tiny_llama(
+        tmp_path, head_dim=128, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192
+    )
+    prompts = [[(7 * i + j) % 90 + 3 for j in range(5 + (37 * i) % 300)] for i in range(128)]
+    launched = []
+    real = decode_ws.launch
+
+    def recording_launch(*args):
+        launched.append(args[11].pack_heads)
+        return real(*args)
+
+    monkeypatch.setattr(decode_ws, "launch", recording_launch)
+    results = {}
+    for eager in (True, False):
+        llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager, max_num_seqs=128)
+        runner = llm.engine.runner
+        assert runner.decode_plan(128, 400)[1].pack_heads == 4
+        assert runner.decode_plan(128)[1].pack_heads == 1
+        launched.clear()
+        results[eager] = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+        if eager:
+            assert 4 in launched, set(launched)  # the steps with all 128 sequences decoding
         llm.close()
     assert results[True] == results[False]
