@@ -1,0 +1,93 @@
+"""Decode attention planned at the engine's context bound against planned at the step's own context bucket.
+
+    python -m benchmarks.decode_context_plan [--out DIR]
+
+The engine plans decode attention (split count, kernel config) per batch bucket and context bucket
+(llm/engine/cuda_graphs.py: buckets doubling from 512 to max_model_len, the step's longest sequence picking one).
+Planned at max_model_len instead, a step of short sequences splits as if they were long. Each row: sequences of L
+keys in a cache with a max_model_len bound, the plan at that bound against the plan at L's context bucket, both
+run on the same calls (fp16, head_dim 128, paged KV of 16-token pages, shuffled; the median of ROUNDS interleaved
+CUDA-graph timings, L2 defeated, as in the attention grid).
+
+Writes decode_context_plan_<device>.json and .md under --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
+from benchmarks.attention_report import config_name
+from benchmarks.gpu_timing import interleaved_us
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
+from kernels.attention import plan
+from llm.engine.cuda_graphs import context_bucket, context_buckets
+
+SHAPES = [  # (q_heads, kv_heads, batch, context, max_model_len)
+    (32, 8, 1, 1024, 32768), (32, 8, 4, 2048, 32768), (32, 8, 16, 1024, 32768), (32, 8, 64, 512, 32768),
+    (32, 8, 128, 1024, 32768), (32, 8, 256, 1024, 32768), (32, 32, 32, 1024, 32768), (32, 8, 128, 512, 4096),
+    (32, 8, 64, 1024, 131072), (32, 32, 8, 2048, 131072),
+]  # fmt: skip
+ROUNDS = 7
+
+
+def planned(q_heads, kv_heads, batch, bound, dtype, device):
+    """decode_plan for `batch` sequences under a context bound of `bound` keys (the block table's width)."""
+    q = torch.empty(batch, q_heads, 128, dtype=dtype, device="meta")
+    k_cache = torch.empty(1, PAGE, kv_heads, 128, dtype=dtype, device="meta")
+    tables = torch.empty(batch, -(-bound // PAGE), dtype=torch.int32, device="meta")
+    return plan.decode_plan(q, k_cache, tables, device)
+
+
+def bench_shape(q_heads, kv_heads, batch, ctx, max_model_len, device) -> dict:
+    q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(torch.float16, q_heads, kv_heads, batch, ctx)
+    out = torch.empty_like(q)
+    bucket = context_bucket(context_buckets(max_model_len), ctx)
+    plans = {
+        "bound": planned(q_heads, kv_heads, batch, max_model_len, q.dtype, device),
+        "bucket": planned(q_heads, kv_heads, batch, bucket, q.dtype, device),
+    }
+    calls = {key: decode_calls(q, k_cache, v_cache, perm, seq_lens, s, out, c) for key, (s, c) in plans.items()}
+    us = {key: statistics.median(t) for key, t in interleaved_us(calls, ROUNDS).items()}
+    return {
+        "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch, "ctx": ctx, "max_model_len": max_model_len,
+        "kv_mb": kv_bytes / 2**20, "bucket": bucket, "us": us,
+        "plans": {key: f"{config_name(c)} S={s}" for key, (s, c) in plans.items()},
+    }  # fmt: skip
+
+
+def markdown(res: dict) -> str:
+    lines = [
+        f"# Decode planned per context bucket on {res['device']}", "",
+        f"{versions_line(res)}. fp16, head_dim 128, pages of {PAGE} (shuffled); the median of {res['rounds']} "
+        "interleaved CUDA-graph timings of back-to-back calls, L2 defeated (benchmarks/decode_context_plan.py says "
+        "what each column runs).", "",
+        "| heads | B | L | max_model_len | KV MB | plan at max_model_len | us | context bucket | its plan | us "
+        "| bound / bucket |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['q_heads']}/{r['kv_heads']} | {r['batch']} | {r['ctx']} | {r['max_model_len']} | {r['kv_mb']:.0f} "
+            f"| {r['plans']['bound']} | {r['us']['bound']:.1f} | {r['bucket']} | {r['plans']['bucket']} "
+            f"| {r['us']['bucket']:.1f} | {r['us']['bound'] / r['us']['bucket']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = results_parser(__doc__).parse_args()
+    device = gluon_decode_device(group=4)
+    res = {**device_header(device), "rounds": ROUNDS, "rows": []}
+    for shape in SHAPES:
+        row = bench_shape(*shape, device)
+        res["rows"].append(row)
+        print(markdown({**res, "rows": [row]}).splitlines()[-1], flush=True)
+        torch.cuda.empty_cache()
+    save_results(result_stem(args.out, "decode_context_plan", device.name), res, markdown)
+
+
+if __name__ == "__main__":
+    main()
