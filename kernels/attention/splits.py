@@ -26,9 +26,11 @@ slower than the model has them: `plan.decode_splits`, and DEEP_MIN_TOKENS below)
 Context length: the engine passes `max_context` as the longest KV length of the
 batch it knows on the host (the scheduler has it). Under CUDA graph capture the
 graph is captured with one split count for a range of lengths; the engine passes
-the upper end of its length bucket (or max_model_len) and the kernel divides
-each sequence's own length (read on the device) among that many splits, so a
-too-large count costs only some empty CTAs, never correctness.
+the upper end of its length bucket (llm/engine/cuda_graphs.context_buckets: doubling
+from 512 to max_model_len) and the kernel divides each sequence's own length (read on
+the device) among that many splits, so a too-large count costs time (empty and
+short CTAs, and their merge: up to 2.6x at a 32k bound over sequences of 512 keys,
+benchmarks/decode_context_plan.py), never correctness.
 
 A second, simpler rule picks a one-wave config (the arch's `decode_ws` Gluon
 kernel, `decode_ws_short`, `decode_ws_waves`, `decode_ws_long` or its
