@@ -21,7 +21,7 @@ import torch
 from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import interleaved_us
-from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
+from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan
 from llm.engine.cuda_graphs import context_bucket, context_buckets
 
@@ -82,9 +82,7 @@ def main() -> None:
     device = gluon_decode_device(group=4)
     res = {**device_header(device), "rounds": ROUNDS, "rows": []}
     for shape in SHAPES:
-        row = bench_shape(*shape, device)
-        res["rows"].append(row)
-        print(markdown({**res, "rows": [row]}).splitlines()[-1], flush=True)
+        add_row(res, bench_shape(*shape, device), markdown)
         torch.cuda.empty_cache()
     save_results(result_stem(args.out, "decode_context_plan", device.name), res, markdown)
 

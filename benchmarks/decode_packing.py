@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.gpu_timing import interleaved_us
-from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
+from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode_ws, plan
 from kernels.attention.configs import table_for
 
@@ -96,9 +96,7 @@ def main() -> None:
             for ctx in CONTEXTS:
                 if 2 * batch * kv_heads * ctx * 128 * 2 > MAX_KV_BYTES:
                     continue
-                row = bench_shape(q_heads, kv_heads, batch, ctx, device)
-                res["rows"].append(row)
-                print(markdown({**res, "rows": [row]}).splitlines()[-1], flush=True)
+                add_row(res, bench_shape(q_heads, kv_heads, batch, ctx, device), markdown)
                 torch.cuda.empty_cache()
     save_results(result_stem(args.out, "decode_packing", device.name), res, markdown)
 

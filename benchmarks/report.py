@@ -67,3 +67,10 @@ def render_results(stem: str | os.PathLike, result: dict, render: Callable[[dict
     with open(os.fspath(stem) + ".md", "w") as f:
         f.write(text)
     print(text)
+
+
+def add_row(result: dict, row: dict, render: Callable[[dict], str]) -> None:
+    """Append `row` to result["rows"] and print its line of the report (the last line `render` gives for a result
+    of that row alone): progress while a long sweep runs."""
+    result["rows"].append(row)
+    print(render({**result, "rows": [row]}).splitlines()[-1], flush=True)

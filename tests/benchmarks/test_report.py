@@ -3,7 +3,7 @@
 import json
 import os
 
-from benchmarks.report import device_header, result_stem, results_parser, save_results
+from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results
 
 
 def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
@@ -31,3 +31,14 @@ def test_a_benchmark_parser_takes_out_and_describes_itself_by_its_first_doc_line
     args = parser.parse_args(["--out", "/tmp/x", "--head-dim", "128"])
     assert (args.out, args.head_dim) == ("/tmp/x", 128)
     assert results_parser().description is None
+
+
+def test_add_row_keeps_the_row_and_prints_its_line_of_the_report(capsys):
+    res = {"name": "sweep", "rows": [{"x": 1}]}
+
+    def render(r):
+        return "\n".join([f"# {r['name']}", "| x |", *(f"| {row['x']} |" for row in r["rows"])])
+
+    add_row(res, {"x": 2}, render)
+    assert res["rows"] == [{"x": 1}, {"x": 2}]
+    assert capsys.readouterr().out == "| 2 |\n"
