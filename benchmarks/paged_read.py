@@ -73,7 +73,7 @@ if gluon is not None:
             (_free_on_arrival, (bars, lens_ptr, window, b, split, num_splits, BLOCK_N, STAGES, HALF_KEYS)),
             (decode_ws._loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem,
                                  v_smem, bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL,
-                                 HALF_KEYS)),
+                                 HALF_KEYS, 1)),  # one KV head per CTA
         ], [1], [24])  # fmt: skip
 
 

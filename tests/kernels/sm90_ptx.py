@@ -75,6 +75,22 @@ def gluon_decode_ptx(config, head_dim=128) -> str:
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.launch_options(config))
 
 
+def paged_read_ptx(config) -> str:
+    """benchmarks/paged_read.py's read kernel (decode_ws's loader with a consumer that frees each buffer) at
+    `config`, compiled like gluon_decode_ptx's decode."""
+    from triton.runtime.jit import mangle_type
+
+    from benchmarks import paged_read
+
+    q = torch.empty(8, 32, 128, dtype=torch.float16)
+    cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
+    q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
+    descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
+    consts = decode_ws.constexprs(32, 8, 128, 16, config, num_splits=2, pdl=True)
+    consts = {k: v for k, v in consts.items() if k in paged_read._read_kernel.arg_names}
+    return compile_ptx(paged_read._read_kernel, consts, descriptors, **decode_ws.launch_options(config))
+
+
 def main() -> None:
     consts = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SOFTCAP=False, DIRECT=False)
     report = {
@@ -91,6 +107,7 @@ def main() -> None:
         report["decode_ws_256"] = before_wait(gluon_decode_ptx(TABLES["sm_90"].decode_ws_config(256), 256))
         packed = dataclasses.replace(TABLES["sm_90"].decode_ws_config(128, grid="waves"), pack_heads=4)
         report["decode_ws_waves_pack4"] = before_wait(gluon_decode_ptx(packed))
+        report["paged_read"] = before_wait(paged_read_ptx(TABLES["sm_90"].decode_ws_config(128, grid="waves")))
     print(json.dumps(report))
 
 

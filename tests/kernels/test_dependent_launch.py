@@ -76,6 +76,10 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
         # 64-column halves; the query's box (3-D too) after the wait
         packed = sm90_ptx["decode_ws_waves_pack4"]
         assert packed["before"] == ["ld.global"] * 3 + ["cp.async.bulk.tensor.3d"] * 4 and packed["launches"] == 1
+        # benchmarks/paged_read.py's read kernel runs the decode's own loader (it compiles against its signature):
+        # the same loads before the wait, and no consumer that lets the next kernel launch
+        assert sm90_ptx["paged_read"]["before"] == sm90_ptx["decode_ws_waves"]["before"]
+        assert sm90_ptx["paged_read"]["launches"] == 0
 
 
 @needs_pdl
