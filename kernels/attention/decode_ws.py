@@ -100,7 +100,6 @@ from kernels.attention.gluon_sm90 import (
     load_page_lanes,
     mbarrier,
     on_sm90,
-    page_lane,
     row_descriptor,
     tma,
     tma_rows_ok,
@@ -167,10 +166,7 @@ if gluon is not None:
             TOK: gl.constexpr = smem.shape[1]
             HEAD_DIM: gl.constexpr = smem.shape[3]
             mbarrier.expect(ready.index(s), TOK * PACK * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
-            buf = smem.index(s)
-            for r in gl.static_range(TOK // PAGE):
-                coord = [page_lane(pages, s * (TOK // PAGE) + r) * PAGE, kvh * PACK, 0]
-                tma.async_copy_global_to_shared(desc, coord, ready.index(s), buf.slice(r * PAGE, PAGE))
+            issue_page_boxes(desc, pages, s * (TOK // PAGE), kvh * PACK, ready.index(s), smem.index(s), PAGE, 3)
 
     @gluon.jit
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,

@@ -88,11 +88,15 @@ if gluon is not None:
         return gl.sum(gl.where(boxes == r, pages, 0), axis=0)
 
     @gluon.jit
-    def issue_page_boxes(desc, pages, first, col, bar, buf, PAGE: gl.constexpr):
+    def issue_page_boxes(desc, pages, first, col, bar, buf, PAGE: gl.constexpr, RANK: gl.constexpr = 2):
         """One TMA box of PAGE rows (at column `col` of `desc`) per page of the lanes from `first` on, into
-        consecutive row slices of the tile buffer `buf`, counted on `bar`."""
+        consecutive row slices of the tile buffer `buf`, counted on `bar`. With RANK 3, `desc` is a
+        [tokens, heads, head_dim] view and `col` the box's first head."""
         for r in gl.static_range(buf.shape[0] // PAGE):
-            coord = [page_lane(pages, first + r) * PAGE, col]
+            if RANK == 2:
+                coord = [page_lane(pages, first + r) * PAGE, col]
+            else:
+                coord = [page_lane(pages, first + r) * PAGE, col, 0]
             tma.async_copy_global_to_shared(desc, coord, bar, buf.slice(r * PAGE, PAGE))
 
 else:
