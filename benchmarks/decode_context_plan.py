@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
+from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import interleaved_us
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
@@ -33,21 +33,13 @@ SHAPES = [  # (q_heads, kv_heads, batch, context, max_model_len)
 ROUNDS = 7
 
 
-def planned(q_heads, kv_heads, batch, bound, dtype, device):
-    """decode_plan for `batch` sequences under a context bound of `bound` keys (the block table's width)."""
-    q = torch.empty(batch, q_heads, 128, dtype=dtype, device="meta")
-    k_cache = torch.empty(1, PAGE, kv_heads, 128, dtype=dtype, device="meta")
-    tables = torch.empty(batch, -(-bound // PAGE), dtype=torch.int32, device="meta")
-    return plan.decode_plan(q, k_cache, tables, device)
-
-
 def bench_shape(q_heads, kv_heads, batch, ctx, max_model_len, device) -> dict:
     q, k_cache, v_cache, perm, seq_lens, kv_bytes = decode_inputs(torch.float16, q_heads, kv_heads, batch, ctx)
     out = torch.empty_like(q)
     bucket = context_bucket(context_buckets(max_model_len), ctx)
     plans = {
-        "bound": planned(q_heads, kv_heads, batch, max_model_len, q.dtype, device),
-        "bucket": planned(q_heads, kv_heads, batch, bucket, q.dtype, device),
+        "bound": plan.bound_plan(batch, q_heads, kv_heads, HEAD_DIM, q.dtype, PAGE, max_model_len, device),
+        "bucket": plan.bound_plan(batch, q_heads, kv_heads, HEAD_DIM, q.dtype, PAGE, bucket, device),
     }
     calls = {key: decode_calls(q, k_cache, v_cache, perm, seq_lens, s, out, c) for key, (s, c) in plans.items()}
     us = {key: statistics.median(t) for key, t in interleaved_us(calls, ROUNDS).items()}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from kernels.attention import decode_ws
 from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig, table_for
@@ -64,6 +66,18 @@ def decode_plan(
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     return num_splits, packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits,
                                      device)  # fmt: skip
+
+
+def bound_plan(
+    batch: int, q_heads: int, kv_heads: int, head_dim: int, dtype, page: int, max_context: int, device
+) -> tuple[int, DecodeConfig | WsDecodeConfig]:
+    """decode_plan for a batch given by its shapes and a context bound, with no tensors (the engine plans its
+    batch and context buckets before any step runs them): the query and cache on the meta device, the block table
+    as wide as `max_context` keys need."""
+    q = torch.empty(batch, q_heads, head_dim, dtype=dtype, device="meta")
+    k_cache = torch.empty(1, page, kv_heads, head_dim, dtype=dtype, device="meta")
+    tables = torch.empty(batch, -(-max_context // page), dtype=torch.int32, device="meta")
+    return decode_plan(q, k_cache, tables, device)
 
 
 def packed_config(config, group: int, kv_heads: int, page: int, units: int, max_context: int, num_splits: int,

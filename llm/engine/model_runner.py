@@ -184,10 +184,10 @@ class ModelRunner:
             from kernels.attention import plan
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
-            q = torch.empty(bucket, attn.num_heads, attn.head_dim, dtype=self.dtype, device="meta")
-            width = math.ceil(context / self.block_size)
-            tables = torch.empty(bucket, width, dtype=torch.int32, device="meta")
-            self._plans[bucket, context] = plan.decode_plan(q, k_cache, tables, device_for(k_cache))
+            self._plans[bucket, context] = plan.bound_plan(
+                bucket, attn.num_heads, k_cache.shape[2], attn.head_dim, self.dtype, self.block_size, context,
+                device_for(k_cache),
+            )  # fmt: skip
         return self._plans[bucket, context]
 
     def _positions(self, seq: Sequence, start: int, end: int) -> list[int] | list[list[int]]:

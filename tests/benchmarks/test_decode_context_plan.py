@@ -1,17 +1,7 @@
-"""The context-bucket decode plan benchmark: its plans and its report (GPU-free)."""
+"""The context-bucket decode plan benchmark's report (GPU-free)."""
 
-import torch
-
-from benchmarks.decode_context_plan import markdown, planned
+from benchmarks.decode_context_plan import markdown
 from tests.benchmarks.tables import result, table_at
-from tests.kernels.attention_helpers import sim_device
-
-
-def test_planned_reads_the_bound_as_the_block_tables_width():
-    sm90 = sim_device((9, 0), sm_count=132)
-    # the wave model splits 128 sequences 9 ways at a 32k bound, not at 1k (the engine's bucket for 1k keys)
-    assert planned(32, 8, 128, 32768, torch.float16, sm90)[0] > 1
-    assert planned(32, 8, 128, 1024, torch.float16, sm90)[0] == 1
 
 
 def test_markdown_reports_both_plans_and_their_ratio():

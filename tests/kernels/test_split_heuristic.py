@@ -8,7 +8,7 @@ import torch
 
 from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
-from kernels.attention.plan import decode_plan, decode_splits, one_wave_configs, triton_config
+from kernels.attention.plan import bound_plan, decode_plan, decode_splits, one_wave_configs, triton_config
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
@@ -254,6 +254,16 @@ def test_decode_plan_packs_heads_only_on_unsplit_grids_of_its_many_wave_config()
     assert decode_plan(*plan_inputs(128, 512), sim_device((8, 0), sm_count=108))[1] == TABLES["sm_80"].decode_config(
         128
     )
+
+
+def test_bound_plan_reads_the_bound_as_the_block_tables_width():
+    """plan.bound_plan (a batch given by shapes, as the engine plans its buckets): the plan of a block table as wide
+    as the bound needs."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    # the wave model splits 128 sequences 9 ways at a 32k bound, not at 1k (the engine's bucket for 1k keys)
+    assert bound_plan(128, 32, 8, 128, torch.float16, 16, 32768, sm90)[0] > 1
+    assert bound_plan(128, 32, 8, 128, torch.float16, 16, 1024, sm90)[0] == 1
+    assert bound_plan(1, 32, 8, 128, torch.float16, 16, 4000, sm90) == decode_plan(*plan_inputs(1, 4000), sm90)
 
 
 def test_gluon_splits_read_two_tiles_at_least_beyond_one_wave_too():
