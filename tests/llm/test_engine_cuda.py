@@ -9,6 +9,8 @@ tests/llm/test_layers.py and the bucketing in tests/llm/test_cuda_graphs.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kernels.attention import decode_ws
 from kernels.attention.configs import WsDecodeConfig
 from llm import LLM, SamplingParams
@@ -19,19 +21,24 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 17, 33, 2, 90, 41], [7] * 40]
 
 
-@needs_sm90
-def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, monkeypatch):
-    # head_dim 128, 2 KV heads, an 8k context: one sequence is planned onto the Gluon kernel with 64 splits, the
-    # two prompts decoding together (4 units) with 32
-    model_dir = make_tiny_llama(tmp_path, head_dim=128, max_position_embeddings=8192)
-    launched = []
-    real = decode_ws.launch
+@pytest.fixture
+def launched(monkeypatch) -> list:
+    """(split count, config) of every Gluon decode launched from Python (graph replays launch none)."""
+    calls, real = [], decode_ws.launch
 
     def recording_launch(*args):
-        launched.append((args[7], args[11]))  # the split count and the config
+        calls.append((args[7], args[11]))
         return real(*args)
 
     monkeypatch.setattr(decode_ws, "launch", recording_launch)
+    return calls
+
+
+@needs_sm90
+def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, launched):
+    # head_dim 128, 2 KV heads, an 8k context: one sequence is planned onto the Gluon kernel with 64 splits, the
+    # two prompts decoding together (4 units) with 32
+    model_dir = make_tiny_llama(tmp_path, head_dim=128, max_position_embeddings=8192)
     results = {}
     longest = len(PROMPTS[1]) + GREEDY.max_tokens  # 52 keys: the 512-key context bucket
     for eager in (True, False):
@@ -54,21 +61,13 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, monkeypatch):
 
 
 @needs_sm90
-def test_many_short_sequences_decode_on_packed_kv_heads_in_graphs_and_eagerly(tmp_path, monkeypatch):
+def test_many_short_sequences_decode_on_packed_kv_heads_in_graphs_and_eagerly(tmp_path, launched):
     # 8 KV heads of 128 dims, an 8k context, 128 sequences of under 512 keys: their context bucket's plan packs 4
     # KV heads per CTA (one wave of 256 CTAs); at max_model_len the same batch is planned unpacked
     model_dir = make_tiny_llama(
         tmp_path, head_dim=128, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192
     )
     prompts = [[(7 * i + j) % 90 + 3 for j in range(5 + (37 * i) % 300)] for i in range(128)]
-    launched = []
-    real = decode_ws.launch
-
-    def recording_launch(*args):
-        launched.append(args[11].pack_heads)
-        return real(*args)
-
-    monkeypatch.setattr(decode_ws, "launch", recording_launch)
     results = {}
     for eager in (True, False):
         llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager, max_num_seqs=128)
@@ -78,6 +77,7 @@ def test_many_short_sequences_decode_on_packed_kv_heads_in_graphs_and_eagerly(tm
         launched.clear()
         results[eager] = [o.token_ids for o in llm.generate(prompts, GREEDY)]
         if eager:
-            assert 4 in launched, set(launched)  # the steps with all 128 sequences decoding
+            packs = {config.pack_heads for _, config in launched}
+            assert 4 in packs, packs  # the steps with all 128 sequences decoding
         llm.close()
     assert results[True] == results[False]
