@@ -13,7 +13,8 @@ differences between implementations (or batch shapes) can flip a near-tie; the
 tables report how many sequences agree rather than asserting.
 Speed (bf16, CUDA graphs): decode steps per second at batch 1, 32 and 128 with
 128-token prompts, eager vs graphs, against transformers' decode step (sdpa,
-dynamic cache) and the HBM floor (weights + KV bytes read per step / 4.8 TB/s).
+dynamic cache) and the HBM floor (weights + KV bytes read per step / 4.8 TB/s); each
+column the median of 5 rounds taken in turn (one engine instance throughout).
 `--tiny` runs the same script on the CPU with a tiny model (fp32) to check it.
 """
 
@@ -23,6 +24,7 @@ import datetime
 import gc
 import os
 import platform
+import statistics
 import tempfile
 import time
 import traceback
@@ -151,6 +153,28 @@ def hf_decode_steps_per_s(hf, batch: int, prompt_len: int, steps: int, vocab: in
     return steps / (time.perf_counter() - t0)
 
 
+def decode_rates(llm: LLM, hf, batch: int, steps: int, rounds: int, dtype, weight_bytes: int, device) -> dict:
+    """One speed row: the engine with CUDA graphs, the engine eager and transformers, measured in turn `rounds`
+    times over (each a fresh batch of 128-token prompts and `steps` timed steps); each column is the median of its
+    rounds, so a passing change of the GPU's or the host's state moves every column alike."""
+    runs = {"graphs": [], "eager": [], "transformers": []}
+    cfg = hf.config
+    for _ in range(rounds):
+        runs["graphs"].append(decode_steps_per_s(llm, batch, 128, steps, cfg.vocab_size))
+        saved, llm.engine.runner.graphs = llm.engine.runner.graphs, None
+        try:
+            runs["eager"].append(decode_steps_per_s(llm, batch, 128, steps, cfg.vocab_size))
+        finally:
+            llm.engine.runner.graphs = saved
+        runs["transformers"].append(hf_decode_steps_per_s(hf, batch, 128, steps, cfg.vocab_size, device))
+    graphs, eager, peer = (statistics.median(runs[k]) for k in ("graphs", "eager", "transformers"))
+    kv = batch * (128 + steps // 2) * kv_bytes_per_token(cfg, dtype)
+    floor = HBM_BYTES_PER_S / (weight_bytes + kv)
+    return {"batch": batch, "graphs_steps_s": graphs, "eager_steps_s": eager, "transformers_steps_s": peer,
+            "hbm_floor_steps_s": floor, "tokens_s": graphs * batch, "vs_transformers": graphs / peer,
+            "of_hbm_floor": graphs / floor, "graphs_runs": [round(r, 1) for r in runs["graphs"]]}  # fmt: skip
+
+
 def kv_bytes_per_token(cfg, dtype) -> int:
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
@@ -174,7 +198,7 @@ def main() -> None:
                      num_key_value_heads=2, vocab_size=512) if tiny else {}  # fmt: skip
     model_dir = str(build("llama-1b", os.path.join(work, "model"), torch.bfloat16, device.type, **overrides))
     dtypes = [torch.float32] if tiny else [torch.float16, torch.bfloat16]
-    batches, steps = ([1, 8], 5) if tiny else ([1, 32, 128], 64)
+    batches, steps, rounds = ([1, 8], 5, 2) if tiny else ([1, 32, 128], 64, 5)
     stem = os.path.join(args.out, "engine_tiny" if tiny else "engine")
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
@@ -217,29 +241,20 @@ def main() -> None:
         else:
             free(llm, hf)
             del llm, hf
-    cfg = hf_bench.config
     weight_bytes = sum(p.numel() * p.element_size() for p in hf_bench.parameters())
     speed = []
     for batch in batches:
         try:
-            graphs = decode_steps_per_s(bench_llm, batch, 128, steps, cfg.vocab_size)
+            row = decode_rates(bench_llm, hf_bench, batch, steps, rounds, bench_dtype, weight_bytes, device)
         except Exception:  # noqa: BLE001 - keep the rows measured so far
             traceback.print_exc()
             break
-        saved, bench_llm.engine.runner.graphs = bench_llm.engine.runner.graphs, None
-        eager = decode_steps_per_s(bench_llm, batch, 128, steps, cfg.vocab_size)
-        bench_llm.engine.runner.graphs = saved
-        peer = hf_decode_steps_per_s(hf_bench, batch, 128, steps, cfg.vocab_size, device)
-        kv = batch * (128 + steps // 2) * kv_bytes_per_token(cfg, bench_dtype)
-        floor = HBM_BYTES_PER_S / (weight_bytes + kv)
-        speed.append({"batch": batch, "graphs_steps_s": graphs, "eager_steps_s": eager, "transformers_steps_s": peer,
-                      "hbm_floor_steps_s": floor, "tokens_s": graphs * batch,
-                      "vs_transformers": graphs / peer, "of_hbm_floor": graphs / floor})  # fmt: skip
-        print(
-            f"batch {batch}: {graphs:.1f} steps/s with graphs, {eager:.1f} eager, {peer:.1f} transformers", flush=True
-        )
+        speed.append(row)
+        print(f"batch {batch}: {row['graphs_steps_s']:.1f} steps/s with graphs (runs {row['graphs_runs']}), "
+              f"{row['eager_steps_s']:.1f} eager, {row['transformers_steps_s']:.1f} transformers",
+              flush=True)  # fmt: skip
     result["decode"] = {"dtype": str(bench_dtype).removeprefix("torch."), "prompt_len": 128, "steps": steps,
-                        "weight_bytes": weight_bytes, "rows": speed}  # fmt: skip
+                        "rounds": rounds, "weight_bytes": weight_bytes, "rows": speed}  # fmt: skip
     save_results(stem, result, markdown)
 
 
@@ -270,13 +285,16 @@ def markdown(result: dict) -> str:
             f"| {dtype} | {e['first_token_logprob_abs_err']:.2e} | {e['kv_blocks']} | {e['cuda_graphs']} | {kernels} |"
         )
     d = result.get("decode", {"dtype": "-", "prompt_len": "-", "steps": "-", "rows": []})
-    lines += ["", f"## Decode steps/s ({d['dtype']}, prompt {d['prompt_len']}, {d['steps']} timed steps)", "",
-              "| batch | graphs | eager | transformers | HBM floor | tokens/s | vs transformers | of floor |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    rounds = f", medians of {d['rounds']} interleaved rounds" if "rounds" in d else ""
+    lines += ["", f"## Decode steps/s ({d['dtype']}, prompt {d['prompt_len']}, {d['steps']} timed steps{rounds})", "",
+              "| batch | graphs | eager | transformers | HBM floor | tokens/s | vs transformers | of floor "
+              "| graph runs |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in d["rows"]:
         lines.append(f"| {r['batch']} | {r['graphs_steps_s']:.1f} | {r['eager_steps_s']:.1f} | "
                      f"{r['transformers_steps_s']:.1f} | {r['hbm_floor_steps_s']:.0f} | {r['tokens_s']:.0f} | "
-                     f"{r['vs_transformers']:.2f}x | {r['of_hbm_floor']:.0%} |")  # fmt: skip
+                     f"{r['vs_transformers']:.2f}x | {r['of_hbm_floor']:.0%} | "
+                     f"{r.get('graphs_runs', '')} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
