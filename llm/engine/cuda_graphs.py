@@ -22,6 +22,7 @@ at a 32k bound split 9 ways and took 163.1 us per layer's attention against 123.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -88,6 +89,7 @@ class DecodeGraphs:
         }
         graphs: dict[int, list] = {}
         pool = None
+        start = time.perf_counter()
         try:
             for bs in reversed(buckets):
                 graphs[bs] = []
@@ -107,6 +109,11 @@ class DecodeGraphs:
         except Exception as e:  # noqa: BLE001 - a model that cannot be captured still runs eagerly
             logger.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(e).__name__, e)
             return None
+        logger.info(
+            "captured %d decode CUDA graphs (%d batch buckets up to %d, %d context buckets up to %d) in %.1f s",
+            sum(map(len, graphs.values())), len(buckets), max_batch, len(contexts), contexts[-1],
+            time.perf_counter() - start,
+        )  # fmt: skip
         return cls(buckets, graphs, buf)
 
     @staticmethod

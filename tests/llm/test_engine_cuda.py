@@ -9,6 +9,8 @@ tests/llm/test_layers.py and the bucketing in tests/llm/test_cuda_graphs.py)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from kernels.attention import decode_ws
@@ -35,14 +37,15 @@ def launched(monkeypatch) -> list:
 
 
 @needs_sm90
-def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, launched):
+def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, launched, caplog):
     # head_dim 128, 2 KV heads, an 8k context: one sequence is planned onto the Gluon kernel with 64 splits, the
     # two prompts decoding together (4 units) with 32
     model_dir = make_tiny_llama(tmp_path, head_dim=128, max_position_embeddings=8192)
     results = {}
     longest = len(PROMPTS[1]) + GREEDY.max_tokens  # 52 keys: the 512-key context bucket
     for eager in (True, False):
-        llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager)
+        with caplog.at_level(logging.INFO, logger="llm.engine.cuda_graphs"):
+            llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager)
         runner = llm.engine.runner
         plans = [runner.decode_plan(batch) for batch in (1, 2)]  # at max_model_len
         assert all(isinstance(config, WsDecodeConfig) for _, config in plans), plans
@@ -52,6 +55,8 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, launched):
         assert (runner.graphs is None) == eager  # the graph run replays captured graphs
         if not eager:  # one graph per distinct plan over the context buckets, the shortest holding 512 keys
             assert len(runner.graphs.graphs[2]) > 1 and runner.graphs.graphs[2][0][0] >= 512
+            count = sum(map(len, runner.graphs.graphs.values()))
+            assert f"captured {count} decode CUDA graphs" in caplog.text  # start-up says what it spent
         launched.clear()
         results[eager] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         if eager:  # every decode layer call (graph replays launch nothing from Python)
