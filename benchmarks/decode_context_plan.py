@@ -14,13 +14,11 @@ Writes decode_context_plan_<device>.json and .md under --out and prints the tabl
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.attention_report import config_name
-from benchmarks.gpu_timing import interleaved_us
+from benchmarks.gpu_timing import interleaved_medians
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan
 from llm.engine.cuda_graphs import context_bucket, context_buckets
@@ -42,7 +40,7 @@ def bench_shape(q_heads, kv_heads, batch, ctx, max_model_len, device) -> dict:
         "bucket": plan.bound_plan(batch, q_heads, kv_heads, HEAD_DIM, q.dtype, PAGE, bucket, device),
     }
     calls = {key: decode_calls(q, k_cache, v_cache, perm, seq_lens, s, out, c) for key, (s, c) in plans.items()}
-    us = {key: statistics.median(t) for key, t in interleaved_us(calls, ROUNDS).items()}
+    us = interleaved_medians(calls, ROUNDS)
     return {
         "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch, "ctx": ctx, "max_model_len": max_model_len,
         "kv_mb": kv_bytes / 2**20, "bucket": bucket, "us": us,

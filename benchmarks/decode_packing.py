@@ -18,12 +18,11 @@ Writes decode_packing_<device>.json and .md under --out and prints the table.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import torch
 
 from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
-from benchmarks.gpu_timing import interleaved_us
+from benchmarks.gpu_timing import interleaved_medians
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode_ws, plan
 from kernels.attention.configs import table_for
@@ -45,7 +44,7 @@ def bench_shape(q_heads, kv_heads, batch, ctx, device) -> dict:
         p: decode_calls(q, k_cache, v_cache, perm, seq_lens, 1, out, dataclasses.replace(waves, pack_heads=p))
         for p in packs
     }
-    us = {p: statistics.median(t) for p, t in interleaved_us(calls, ROUNDS).items()}
+    us = interleaved_medians(calls, ROUNDS)
     count, chosen = plan.decode_plan(q, k_cache, perm[0], device)
     slots = device.sm_count * waves.ctas_per_sm
     return {

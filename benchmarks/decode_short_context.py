@@ -19,13 +19,11 @@ Writes decode_short_context_<device>.json and .md under --out and prints the tab
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.attention_report import config_name
-from benchmarks.gpu_timing import interleaved_us
+from benchmarks.gpu_timing import interleaved_medians
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan, splits
 
@@ -54,7 +52,7 @@ def bench_shape(q_heads, kv_heads, head_dim, batch, ctx, device) -> dict:
     counts = sorted({count, one_tile, *(s for s in SWEEP if s <= max(1, ctx // config.block_n))})
     calls = {s: decode_calls(q, k_cache, v_cache, perm, seq_lens, s, out, config) for s in counts}
     calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, perm.shape[0])
-    best = {key: statistics.median(us) for key, us in interleaved_us(calls, ROUNDS).items()}
+    best = interleaved_medians(calls, ROUNDS)
     fixed = min(counts, key=lambda s: best[s])
     return {
         "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch, "ctx": ctx,

@@ -5,6 +5,7 @@ decode_bandwidth.py, long_context.py)."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 import triton
@@ -24,6 +25,11 @@ def interleaved_us(calls: dict, rounds: int) -> dict:
         for key, fns in calls.items():
             times[key].append(graph_time_us(fns))
     return times
+
+
+def interleaved_medians(calls: dict, rounds: int) -> dict:
+    """interleaved_us of `calls`, each key's median."""
+    return {key: statistics.median(times) for key, times in interleaved_us(calls, rounds).items()}
 
 
 def graph_time_us(fns, reps=None, min_calls=16):

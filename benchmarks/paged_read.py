@@ -23,14 +23,12 @@ the tables.
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from benchmarks.attention import HEAD_DIM, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.attention_report import config_name
 from benchmarks.decode_bandwidth import line_cells
-from benchmarks.gpu_timing import interleaved_us, read_floor_us
+from benchmarks.gpu_timing import interleaved_medians, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode, decode_ws, plan
 from kernels.attention.configs import WsDecodeConfig
@@ -124,7 +122,7 @@ def bench_context(ctx, device, pdl: bool) -> dict:
         "read, paged": [read_call(q, k_cache, v_cache, tables, lens, splits, config, pdl)],
         "decode, paged": [decode_call(q, k_cache, v_cache, tables, lens)],
     }
-    us = {name: statistics.median(t) for name, t in interleaved_us(calls, ROUNDS).items()}
+    us = interleaved_medians(calls, ROUNDS)
     del calls, k_cache, v_cache, ck, cv
     torch.cuda.empty_cache()
     us["read floor"] = read_floor_us(kv_bytes // 2, 1, pdl)
