@@ -19,7 +19,15 @@ import torch
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import interleaved_medians
-from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
+from benchmarks.report import (
+    add_row,
+    device_header,
+    interleaved_timings,
+    result_stem,
+    results_parser,
+    save_results,
+    versions_line,
+)
 from kernels.attention import plan
 from llm.engine.cuda_graphs import context_bucket, context_buckets
 
@@ -51,9 +59,8 @@ def bench_shape(q_heads, kv_heads, batch, ctx, max_model_len, device) -> dict:
 def markdown(res: dict) -> str:
     lines = [
         f"# Decode planned per context bucket on {res['device']}", "",
-        f"{versions_line(res)}. fp16, head_dim 128, pages of {PAGE} (shuffled); the median of {res['rounds']} "
-        "interleaved CUDA-graph timings of back-to-back calls, L2 defeated (benchmarks/decode_context_plan.py says "
-        "what each column runs).", "",
+        f"{versions_line(res)}. fp16, head_dim 128, pages of {PAGE} (shuffled); "
+        + interleaved_timings(res["rounds"], "decode_context_plan.py"), "",
         "| heads | B | L | max_model_len | KV MB | plan at max_model_len | us | context bucket | its plan | us "
         "| bound / bucket |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -23,7 +23,15 @@ import torch
 
 from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.gpu_timing import interleaved_medians
-from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
+from benchmarks.report import (
+    add_row,
+    device_header,
+    interleaved_timings,
+    result_stem,
+    results_parser,
+    save_results,
+    versions_line,
+)
 from kernels.attention import decode_ws, plan
 from kernels.attention.configs import table_for
 
@@ -58,9 +66,8 @@ def markdown(res: dict) -> str:
     lines = [
         f"# KV heads packed per decode CTA on {res['device']}", "",
         f"{versions_line(res)}. fp16, head_dim 128, pages of {PAGE} (shuffled), the Gluon decode's config for grids "
-        f"of several waves at one split; the median of {res['rounds']} interleaved CUDA-graph timings of back-to-back "
-        "calls, L2 defeated (benchmarks/decode_packing.py says what each column runs). Waves: the grid's CTAs over "
-        "the config's slots (SMs x CTAs per SM); unpacked / packed above 1: packing is faster.", "",
+        f"of several waves at one split; {interleaved_timings(res['rounds'], 'decode_packing.py')} Waves: the grid's "
+        "CTAs over the config's slots (SMs x CTAs per SM); unpacked / packed above 1: packing is faster.", "",
         "| heads | B | L | KV MB | units | 1 us | 2: waves | 2 us | unpacked / 2 | 4: waves | 4 us | unpacked / 4 "
         "| plan (splits, heads per CTA) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -24,7 +24,14 @@ import torch
 from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import interleaved_medians
-from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
+from benchmarks.report import (
+    device_header,
+    interleaved_timings,
+    result_stem,
+    results_parser,
+    save_results,
+    versions_line,
+)
 from kernels.attention import plan, splits
 
 SHAPES = [  # (q_heads, kv_heads, head_dim, batch, context)
@@ -65,9 +72,8 @@ def bench_shape(q_heads, kv_heads, head_dim, batch, ctx, device) -> dict:
 def markdown(res: dict) -> str:
     lines = [
         f"# Decode at short contexts on {res['device']}", "",
-        f"{versions_line(res)}. fp16, pages of {PAGE}; the {res.get('statistic', 'least')} of {res['rounds']} "
-        "interleaved CUDA-graph timings of back-to-back calls, L2 defeated (benchmarks/decode_short_context.py says "
-        "what each column runs).", "",
+        f"{versions_line(res)}. fp16, pages of {PAGE}; "
+        + interleaved_timings(res["rounds"], "decode_short_context.py", res.get("statistic", "least")), "",
         "| heads | head_dim | B | L | KV MB | config | plan splits | plan us | one-tile splits | one-tile us "
         "| plan / one-tile | best fixed (splits) us | plan / best fixed | SDPA us | speedup vs SDPA |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
