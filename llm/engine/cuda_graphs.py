@@ -56,11 +56,17 @@ def context_bucket(buckets: list[int], max_context: int) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, buckets: list[int], graphs: dict, buffers: dict) -> None:
+    def __init__(self, buckets: list[int], graphs: dict, buffers: dict, capture_s: float = 0.0) -> None:
         self.buckets = buckets
         # batch bucket -> [(the largest context bucket it serves, graph, output)], by context
         self.graphs = graphs
         self.buf = buffers
+        self.capture_s = capture_s  # seconds the capture took (the engine's start-up log says it too)
+
+    @property
+    def count(self) -> int:
+        """How many graphs are held (over every batch bucket and plan)."""
+        return sum(map(len, self.graphs.values()))
 
     def fits(self, batch: int) -> bool:
         return batch <= self.buckets[-1]
@@ -109,12 +115,12 @@ class DecodeGraphs:
         except Exception as e:  # noqa: BLE001 - a model that cannot be captured still runs eagerly
             logger.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(e).__name__, e)
             return None
+        captured = cls(buckets, graphs, buf, time.perf_counter() - start)
         logger.info(
             "captured %d decode CUDA graphs (%d batch buckets up to %d, %d context buckets up to %d) in %.1f s",
-            sum(map(len, graphs.values())), len(buckets), max_batch, len(contexts), contexts[-1],
-            time.perf_counter() - start,
+            captured.count, len(buckets), max_batch, len(contexts), contexts[-1], captured.capture_s,
         )  # fmt: skip
-        return cls(buckets, graphs, buf)
+        return captured
 
     @staticmethod
     def _plans(bs: int, decode_plan: Callable[[int, int], DecodePlan], contexts: list[int]) -> list:

@@ -42,3 +42,8 @@ def test_replay_picks_the_graph_of_the_steps_context_bucket():
     assert graphs.graph_for(8, 1024) == ("short", "out short")
     assert graphs.graph_for(8, 1025) == ("long", "out long")
     assert graphs.graph_for(8, 9000) == ("long", "out long")  # longer than any bucket: the last
+
+
+def test_graph_count_is_over_every_batch_bucket_and_plan():
+    held = {1: [(512, "g", "o")], 8: [(1024, "short", "out short"), (8192, "long", "out long")]}
+    assert DecodeGraphs([1, 8], held, {}, capture_s=1.5).count == 3
