@@ -63,7 +63,9 @@ def before_wait(ptx: str) -> dict:
     }
 
 
-def gluon_decode_ptx(config, head_dim=128) -> str:
+def gluon_decode_args(config, head_dim=128) -> tuple[dict, dict]:
+    """(constexprs, descriptor types) of a decode_ws launch at `config`: 8 sequences of 32 query heads over 8 KV
+    heads, 16-token pages, 2 splits (partials, halving), dependent launch."""
     from triton.runtime.jit import mangle_type
 
     page = 16
@@ -71,22 +73,20 @@ def gluon_decode_ptx(config, head_dim=128) -> str:
     cache = torch.empty(64, page, 8, head_dim, dtype=torch.float16)
     q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n, config.pack_heads)
     descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = decode_ws.constexprs(32, 8, head_dim, page, config, num_splits=2, pdl=True)  # partials, halving
+    return decode_ws.constexprs(32, 8, head_dim, page, config, num_splits=2, pdl=True), descriptors
+
+
+def gluon_decode_ptx(config, head_dim=128) -> str:
+    consts, descriptors = gluon_decode_args(config, head_dim)
     return compile_ptx(decode_ws._ws_decode_kernel, consts, descriptors, **decode_ws.launch_options(config))
 
 
 def paged_read_ptx(config) -> str:
     """benchmarks/paged_read.py's read kernel (decode_ws's loader with a consumer that frees each buffer) at
-    `config`, compiled like gluon_decode_ptx's decode."""
-    from triton.runtime.jit import mangle_type
-
+    `config` (one KV head per CTA), compiled like gluon_decode_ptx's decode."""
     from benchmarks import paged_read
 
-    q = torch.empty(8, 32, 128, dtype=torch.float16)
-    cache = torch.empty(64, 16, 8, 128, dtype=torch.float16)
-    q_desc, kc_desc, vc_desc = decode_ws.descriptors(q, cache, cache, config.block_n)
-    descriptors = {"q_desc": mangle_type(q_desc), "kc_desc": mangle_type(kc_desc), "vc_desc": mangle_type(vc_desc)}
-    consts = decode_ws.constexprs(32, 8, 128, 16, config, num_splits=2, pdl=True)
+    consts, descriptors = gluon_decode_args(config)
     consts = {k: v for k, v in consts.items() if k in paged_read._read_kernel.arg_names}
     return compile_ptx(paged_read._read_kernel, consts, descriptors, **decode_ws.launch_options(config))
 
