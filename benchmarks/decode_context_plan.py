@@ -18,16 +18,8 @@ import torch
 
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.attention_report import config_name
-from benchmarks.gpu_timing import interleaved_medians
-from benchmarks.report import (
-    add_row,
-    device_header,
-    interleaved_timings,
-    result_stem,
-    results_parser,
-    save_results,
-    versions_line,
-)
+from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
+from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan
 from llm.engine.cuda_graphs import context_bucket, context_buckets
 

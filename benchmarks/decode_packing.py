@@ -22,16 +22,8 @@ import dataclasses
 import torch
 
 from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
-from benchmarks.gpu_timing import interleaved_medians
-from benchmarks.report import (
-    add_row,
-    device_header,
-    interleaved_timings,
-    result_stem,
-    results_parser,
-    save_results,
-    versions_line,
-)
+from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
+from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode_ws, plan
 from kernels.attention.configs import table_for
 

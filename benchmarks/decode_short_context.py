@@ -23,15 +23,8 @@ import torch
 
 from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.attention_report import config_name
-from benchmarks.gpu_timing import interleaved_medians
-from benchmarks.report import (
-    device_header,
-    interleaved_timings,
-    result_stem,
-    results_parser,
-    save_results,
-    versions_line,
-)
+from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan, splits
 
 SHAPES = [  # (q_heads, kv_heads, head_dim, batch, context)

@@ -32,6 +32,15 @@ def interleaved_medians(calls: dict, rounds: int) -> dict:
     return {key: statistics.median(times) for key, times in interleaved_us(calls, rounds).items()}
 
 
+def interleaved_timings(rounds: int, script: str, statistic: str = "median") -> str:
+    """How a kernel sweep's report says its times were taken (interleaved_us), naming the script that
+    says what each column runs."""
+    return (
+        f"the {statistic} of {rounds} interleaved CUDA-graph timings of back-to-back calls, L2 defeated "
+        f"(benchmarks/{script} says what each column runs)."
+    )
+
+
 def graph_time_us(fns, reps=None, min_calls=16):
     """Median microseconds per call of fns (a list of calls run in turn, repeated to at least `min_calls`),
     replayed as one CUDA graph. Several calls per replay keep the graph's launch latency (the GPU waits on the

@@ -50,15 +50,6 @@ def result_stem(out: str | os.PathLike, name: str, device: str) -> str:
     return os.path.join(out, f"{name}_{device.replace(' ', '_')}")
 
 
-def interleaved_timings(rounds: int, script: str, statistic: str = "median") -> str:
-    """How a kernel sweep's report says its times were taken (gpu_timing.interleaved_us), naming the script that
-    says what each column runs."""
-    return (
-        f"the {statistic} of {rounds} interleaved CUDA-graph timings of back-to-back calls, L2 defeated "
-        f"(benchmarks/{script} says what each column runs)."
-    )
-
-
 def save_results(stem: str | os.PathLike, result: dict, render: Callable[[dict], str] | None = None) -> None:
     """Write `stem`.json (creating its folder); with `render`, then `stem`.md (render_results). The JSON is
     written first, so a partial result survives a failing or interrupted render."""

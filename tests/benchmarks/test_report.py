@@ -3,7 +3,7 @@
 import json
 import os
 
-from benchmarks.report import add_row, device_header, interleaved_timings, result_stem, results_parser, save_results
+from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results
 
 
 def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
@@ -42,11 +42,3 @@ def test_add_row_keeps_the_row_and_prints_its_line_of_the_report(capsys):
     add_row(res, {"x": 2}, render)
     assert res["rows"] == [{"x": 1}, {"x": 2}]
     assert capsys.readouterr().out == "| 2 |\n"
-
-
-def test_interleaved_timings_names_the_statistic_the_rounds_and_the_script():
-    assert interleaved_timings(7, "decode_packing.py") == (
-        "the median of 7 interleaved CUDA-graph timings of back-to-back calls, L2 defeated "
-        "(benchmarks/decode_packing.py says what each column runs)."
-    )
-    assert interleaved_timings(3, "x.py", "least").startswith("the least of 3 interleaved")
