@@ -1,11 +1,12 @@
 """CUDA graphs of decode steps, one per batch-size bucket and decode plan, sharing one memory pool.
 
 Decode steps dominate serving time and launch many small kernels; a captured graph
-replays them with one launch. Every graph reads the same static input buffers
-(ids, positions, slots, seq_lens, block tables sized for max_model_len) and writes
-one static output; a step copies its batch into the first rows, pads the rest
-(slot -1: no K/V write; seq_len 0: no key attended) and replays the graph of the
-smallest bucket that holds it, for the step's longest sequence. The split-k count and
+replays them with one launch. Every graph reads the same static input buffers and
+writes one static output: two packed buffers (`static_inputs`: ids, positions and
+slots; seq_lens), into which the runner copies a step's inputs padded to the bucket
+(slot -1: no K/V write; seq_len 0: no key attended) with one copy each, and block
+tables sized for max_model_len. A step replays the graph of the smallest bucket that
+holds its batch, for the step's longest sequence. The split-k count and
 kernel config of decode attention are fixed per graph at capture: the runner's
 `decode_plan` for the batch bucket and a context bucket (`context_buckets`, which eager
 decode uses too). A bucket's graph is captured once per distinct plan: the context
@@ -28,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from llm.engine.context import AttentionMetadata, DecodePlan, use_context
+from llm.engine.transfer import Packed
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,34 @@ class DecodeGraphs:
     def fits(self, batch: int) -> bool:
         return batch <= self.buckets[-1]
 
+    def bucket(self, batch: int) -> int:
+        """The smallest batch bucket that holds `batch` rows."""
+        return next(b for b in self.buckets if b >= batch)
+
+    @staticmethod
+    def static_buffers(max_batch: int, max_blocks: int, uses_mrope: bool, device) -> dict[str, torch.Tensor]:
+        """The graphs' input buffers: room for the largest step's packed parts (longs: ids, positions, slots, fill
+        rows, fill sources; ints: seq_lens, block tables as the step builds them, cu_seqlens) and the block tables
+        the graphs read."""
+        longs = Packed.layout([max_batch, 3 * max_batch if uses_mrope else max_batch] + [max_batch] * 3)[-1]
+        ints = Packed.layout([max_batch, max_batch * max_blocks, max_batch + 1])[-1]
+        return {
+            "longs": torch.zeros(longs, dtype=torch.long, device=device),
+            "ints": torch.zeros(ints, dtype=torch.int32, device=device),
+            "block_tables": torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device),
+        }
+
+    @staticmethod
+    def static_inputs(buf: dict, bs: int, uses_mrope: bool) -> tuple[torch.Tensor, ...]:
+        """(input_ids, positions, slot_mapping, seq_lens) of batch bucket `bs`: views at the front of the packed
+        buffers where the runner's step of `bs` rows puts them (llm/engine/model_runner.py `_prepare`: `Packed` of
+        [ids, positions, slots, ...] and of [seq_lens, ...])."""
+        pos_shape = (3, bs) if uses_mrope else (bs,)
+        ids, pos, slots = Packed.layout([bs, 3 * bs if uses_mrope else bs, bs])[:3]
+        longs, ints = buf["longs"], buf["ints"]
+        return longs[ids : ids + bs], longs[pos : pos + 3 * bs if uses_mrope else pos + bs].view(pos_shape), (
+            longs[slots : slots + bs]), ints[:bs]  # fmt: skip
+
     @classmethod
     @torch.inference_mode()
     def capture(
@@ -86,28 +116,24 @@ class DecodeGraphs:
         """Capture one graph per batch bucket and distinct decode_plan(bucket, context) over the context buckets
         `contexts`; None (eager decoding) if the model cannot be captured."""
         max_batch = buckets[-1]
-        buf = {
-            "input_ids": torch.zeros(max_batch, dtype=torch.long, device=device),
-            "positions": torch.zeros((3, max_batch) if uses_mrope else (max_batch,), dtype=torch.long, device=device),
-            "slot_mapping": torch.full((max_batch,), -1, dtype=torch.long, device=device),
-            "seq_lens": torch.zeros(max_batch, dtype=torch.int32, device=device),
-            "block_tables": torch.zeros(max_batch, max_blocks, dtype=torch.int32, device=device),
-        }
+        buf = cls.static_buffers(max_batch, max_blocks, uses_mrope, device)
         graphs: dict[int, list] = {}
         pool = None
         start = time.perf_counter()
         try:
             for bs in reversed(buckets):
                 graphs[bs] = []
+                ids, pos, slots, seq_lens = cls.static_inputs(buf, bs, uses_mrope)
+                slots.fill_(-1)  # the warm-up below writes no K/V
+                seq_lens.zero_()
                 for bound, plan in reversed(cls._plans(bs, decode_plan, contexts)):
-                    meta = cls._metadata(buf, bs, plan)
-                    pos = buf["positions"][..., :bs]
+                    meta = cls._metadata(slots, buf["block_tables"][:bs], seq_lens, plan)
                     with use_context(meta):
-                        model(buf["input_ids"][:bs], pos)  # warm-up outside the graph (autotuning, lazy init)
+                        model(ids, pos)  # warm-up outside the graph (autotuning, lazy init)
                         torch.cuda.synchronize()
                         graph = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(graph, pool):
-                            result = model(buf["input_ids"][:bs], pos)
+                            result = model(ids, pos)
                     if pool is None:
                         pool = graph.pool()  # the first graph's pool; the others reuse it
                     graphs[bs].insert(0, (bound, graph, result))
@@ -136,33 +162,23 @@ class DecodeGraphs:
         return plans
 
     @staticmethod
-    def _metadata(buf: dict, bs: int, plan: DecodePlan) -> AttentionMetadata:
+    def _metadata(slots: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor, plan: DecodePlan):
         num_splits, decode_config = plan
         return AttentionMetadata(
             is_prefill=False,
-            slot_mapping=buf["slot_mapping"][:bs],
-            block_tables=buf["block_tables"][:bs],
-            seq_lens=buf["seq_lens"][:bs],
+            slot_mapping=slots,
+            block_tables=tables,
+            seq_lens=seq_lens,
             max_seqlen_q=1,
             num_splits=num_splits,
             decode_config=decode_config,
         )
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        batch = input_ids.shape[0]
-        bs = next(b for b in self.buckets if b >= batch)
-        buf = self.buf
-        buf["input_ids"][:batch].copy_(input_ids)
-        buf["positions"][..., :batch].copy_(positions)
-        buf["slot_mapping"][:bs].fill_(-1)
-        buf["slot_mapping"][:batch].copy_(meta.slot_mapping)
-        buf["seq_lens"][:bs].zero_()
-        buf["seq_lens"][:batch].copy_(meta.seq_lens)
-        width = meta.block_tables.shape[1]
-        buf["block_tables"][:batch, :width].copy_(meta.block_tables)
-        graph, out = self.graph_for(bs, meta.max_seqlen_k)
+    def replay(self, bs: int, max_context: int) -> torch.Tensor:
+        """Replay bucket `bs`'s graph for a step whose inputs are in the static buffers; its output ([bs, hidden])."""
+        graph, out = self.graph_for(bs, max_context)
         graph.replay()
-        return out[:batch]
+        return out
 
     def graph_for(self, bs: int, max_context: int):
         """(graph, output) of batch bucket `bs` for a step whose longest sequence holds `max_context` keys: the one

@@ -22,7 +22,7 @@ from llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use
 from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
 from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from llm.engine.sequence import Sequence
-from llm.engine.transfer import padded_rows, round_up, to_device
+from llm.engine.transfer import Packed, padded_rows, round_up, to_device
 from llm.errors import InvalidRequestError, ModelLoadError
 from llm.inputs import MultiModalPrompt
 from llm.layers.attention import Attention
@@ -60,6 +60,12 @@ def _leading_one_token_seqs(seqs: list[Sequence]) -> int:
     while n < len(seqs) and seqs[n].num_new_tokens == 1:
         n += 1
     return n
+
+
+def _covers_image(seq: Sequence) -> bool:
+    """Some of the sequence's tokens scheduled this step are image rows (their embeddings come from the encoder)."""
+    start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
+    return any(item.offset < end and item.end > start for item in seq.prompt.images)
 
 
 class ModelRunner:
@@ -199,8 +205,11 @@ class ModelRunner:
         tail = [p + seq.prompt.mrope_delta for p in range(max(start, prompt_end), end)]
         return [h + tail for h in head]
 
-    def _prepare(self, seqs: list[Sequence]):
-        input_ids, slots, seq_lens, context_lens, cu_q, sample_rows = [], [], [], [], [0], []
+    def _prepare(self, seqs: list[Sequence], bucket: int | None = None):
+        """The step's inputs on the device: (input_ids, positions, metadata, sample rows or None where every row
+        samples). `bucket`: a decode step replayed from the CUDA graph of that batch bucket; its inputs are padded to
+        the bucket (slot -1, seq_len 0) and land in the graphs' static buffers, and the metadata is their views."""
+        input_ids, slots, seq_lens, cu_q, sample_rows = [], [], [], [0], []
         # tokens the previous step sampled, still on the device: their input rows, their rows there
         fill_rows, fill_src = [], []
         positions: list = [[], [], []] if self.uses_mrope else []
@@ -226,39 +235,54 @@ class ModelRunner:
                     positions.extend(pos)
                 slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
             seq_lens.append(end)
-            context_lens.append(start)
             cu_q.append(cu_q[-1] + end - start)
             if seq.samples_this_step:
                 sample_rows.append(cu_q[-1] - 1)
         tables = padded_rows([s.block_table for s in seqs], multiple=TABLE_WIDTH_MULTIPLE)
-        dev = self.device
         max_q = max(s.num_new_tokens for s in seqs)
         is_prefill = max_q > 1
         num_decode = _leading_one_token_seqs(seqs) if is_prefill else 0
         decode_rows = num_decode if is_prefill else len(seqs)  # the rows that run on the split-k decode kernel
+        max_seqlen_k = max(seq_lens)
         # planned for the decode rows' longest sequence (its context bucket), as the step's graph was captured
         num_splits, decode_config = (
             self.decode_plan(decode_rows, max(seq_lens[:decode_rows])) if decode_rows else (None, None)
         )
+        if len(sample_rows) == cu_q[-1]:
+            sample_rows = None  # every row samples (a decode step): the hidden states need no gather
+        pad = (bucket or 0) - len(seqs)
+        if pad > 0:  # padded rows write no K/V and attend to no key
+            input_ids += [0] * pad
+            positions = [axis + [0] * pad for axis in positions] if mrope else positions + [0] * pad
+            slots += [-1] * pad
+            seq_lens += [0] * pad
+        # one copy per dtype (llm/engine/transfer.py), in the order cuda_graphs.static_inputs reads
+        longs = Packed([input_ids, positions, slots, fill_rows, fill_src], torch.long, self.device)
+        ints = Packed([seq_lens, tables, cu_q], torch.int32, self.device)
+        if bucket is None:
+            ids, pos, slot_mapping, dst, src = longs.to()
+            seq_lens_dev, tables_dev, cu_q_dev = ints.to()
+        else:
+            ids, pos, slot_mapping, dst, src = longs.to(self.graphs.buf["longs"])
+            seq_lens_dev, compact, cu_q_dev = ints.to(self.graphs.buf["ints"])
+            seq_lens_dev = seq_lens_dev[: len(seqs)]  # the metadata describes the step's own rows
+            tables_dev = self.graphs.buf["block_tables"][: len(seqs)]
+            tables_dev[:, : compact.shape[1]].copy_(compact)
+        if fill_rows:
+            ids.index_copy_(0, dst, self._sampled_tokens.index_select(0, src))
         meta = AttentionMetadata(
             is_prefill=is_prefill,
-            slot_mapping=to_device(slots, torch.long, dev),
-            block_tables=to_device(tables, torch.int32, dev),
-            seq_lens=to_device(seq_lens, torch.int32, dev),
-            cu_seqlens_q=to_device(cu_q, torch.int32, dev),
+            slot_mapping=slot_mapping,
+            block_tables=tables_dev,
+            seq_lens=seq_lens_dev,
+            cu_seqlens_q=cu_q_dev,
             max_seqlen_q=max_q,
-            max_seqlen_k=max(seq_lens),
-            context_lens=to_device(context_lens, torch.int32, dev),
+            max_seqlen_k=max_seqlen_k,
             # decode rows of a mixed step split like a decode step of their count (one plan lookup per step)
             num_splits=num_splits,
             decode_config=decode_config,
             num_decode_seqs=num_decode,
         )
-        ids = to_device(input_ids, torch.long, dev)
-        if fill_rows:
-            dst, src = to_device([fill_rows, fill_src], torch.long, dev)
-            ids.index_copy_(0, dst, self._sampled_tokens.index_select(0, src))
-        pos = to_device(positions, torch.long, dev)
         return ids, pos, meta, sample_rows
 
     def _mm_embeds(self, seqs: list[Sequence], input_ids: torch.Tensor) -> torch.Tensor | None:
@@ -293,21 +317,28 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, seqs: list[Sequence]) -> PendingSample:
         """`run` without waiting: the forward pass and sampling are queued on the device."""
-        input_ids, positions, meta, sample_rows = self._prepare(seqs)
+        graphs = self.graphs
+        replay = (
+            graphs is not None and graphs.fits(len(seqs)) and all(s.num_new_tokens == 1 for s in seqs)
+            and not any(_covers_image(s) for s in seqs if s.prompt.images)
+        )  # fmt: skip
+        bucket = graphs.bucket(len(seqs)) if replay else None
+        input_ids, positions, meta, sample_rows = self._prepare(seqs, bucket)
         if self.rope_tracks_length:  # dynamic NTK / longrope rescale with the longest sequence
             update_rope_for_length(self.model, meta.max_seqlen_k)
-        embeds = self._mm_embeds(seqs, input_ids) if any(s.prompt.images for s in seqs) else None
-        if self.graphs is not None and not meta.is_prefill and embeds is None and self.graphs.fits(len(seqs)):
-            hidden = self.graphs.replay(input_ids, positions, meta)
+        if replay:
+            hidden = graphs.replay(bucket, meta.max_seqlen_k)[: len(seqs)]
         else:
+            embeds = self._mm_embeds(seqs, input_ids) if any(s.prompt.images for s in seqs) else None
             with use_context(meta):
                 hidden = self.model(input_ids, positions, inputs_embeds=embeds) if embeds is not None else (
                     self.model(input_ids, positions))  # fmt: skip
         samplers = [s for s in seqs if s.samples_this_step]
         if not samplers:
             return PendingSample(None, None, [])
-        rows = to_device(sample_rows, torch.long, hidden.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))  # [samplers, vocab] fp32
+        if sample_rows is not None:
+            hidden = hidden.index_select(0, to_device(sample_rows, torch.long, hidden.device))
+        logits = self.model.compute_logits(hidden)  # [samplers, vocab] fp32
         pending = self.sampler.sample(logits, samplers)
         # the next step may start before these tokens reach the host: it reads them from here
         self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(samplers)}

@@ -217,3 +217,38 @@ def test_start_up_mixed_step_leaves_the_cache_clean_and_outputs_unchanged(make_l
     runner._compile_step_kernels()
     assert all(not k.any() and not v.any() for k, v in runner.kv_caches)
     assert tokens(llm.generate(prompts, GREEDY)) == reference
+
+
+def test_graph_step_inputs_land_padded_in_the_static_buffers(make_llm, prompts):
+    # A decode step of 3 rows replayed from the graph of bucket 4 (the graphs themselves need CUDA; their static
+    # buffers and the runner's packing into them do not): the real rows as an eager step sees them, their input
+    # tokens taken from the previous step's on the device, the padded row writing no K/V (slot -1) and attending to
+    # no key (seq_len 0), the metadata of the 3 real rows
+    from llm.engine.cuda_graphs import DecodeGraphs
+
+    llm = make_llm()
+    engine, runner = llm.engine, llm.engine.runner
+    for i in range(3):
+        engine.add_request(f"r{i}", prompts[i], GREEDY)
+    for _ in range(3):
+        engine.step()
+    seqs = engine.scheduler.schedule()  # runs ahead of the last step's tokens, still on the device
+    assert [(s.num_new_tokens, s.num_computed_tokens) for s in seqs] == [(1, len(s)) for s in seqs]
+    pending = [runner._sampled_tokens[runner._sampled_rows[s.seq_id]].item() for s in seqs]
+    ids, pos, meta, rows = runner._prepare(seqs)
+    width = runner.max_blocks + 4
+    runner.graphs = DecodeGraphs([4], {}, DecodeGraphs.static_buffers(4, width, False, runner.device))
+    runner.graphs.buf["longs"].fill_(7)  # stale values of an earlier step
+    runner.graphs.buf["ints"].fill_(7)
+    g_ids, g_pos, g_meta, g_rows = runner._prepare(seqs, bucket=4)
+    s_ids, s_pos, s_slots, s_lens = DecodeGraphs.static_inputs(runner.graphs.buf, 4, False)
+    assert rows is None and g_rows is None  # every row samples: no gather
+    assert s_ids[:3].tolist() == ids.tolist() == pending
+    assert s_pos[:3].tolist() == pos.tolist() == [len(s) for s in seqs]
+    assert s_slots.tolist() == meta.slot_mapping.tolist() + [-1]
+    assert s_lens.tolist() == meta.seq_lens.tolist() + [0] == [len(s) + 1 for s in seqs] + [0]
+    tables = runner.graphs.buf["block_tables"][:3, : meta.block_tables.shape[1]]
+    assert torch.equal(tables, meta.block_tables)
+    assert g_meta.seq_lens.tolist() == meta.seq_lens.tolist() and g_meta.block_tables.shape[0] == 3
+    assert g_meta.max_seqlen_k == meta.max_seqlen_k and not g_meta.is_prefill
+    runner.graphs = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from kernels.attention import decode_ws
 from kernels.attention.configs import WsDecodeConfig
@@ -85,4 +86,22 @@ def test_many_short_sequences_decode_on_packed_kv_heads_in_graphs_and_eagerly(tm
             packs = {config.pack_heads for _, config in launched}
             assert 4 in packs, packs  # the steps with all 128 sequences decoding
         llm.close()
+    assert results[True] == results[False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_steps_of_padded_buckets_match_eager_steps(tmp_path):
+    # 7 sequences finishing one after another: decode steps of 7..1 rows replay the graphs of buckets 8, 4, 2 and 1
+    # with padded rows, their inputs packed into the graphs' static buffers (async scheduling: each row's input
+    # token comes from the previous step on the device); fp32, so eager and graph GEMMs agree on every token
+    model_dir = make_tiny_llama(tmp_path)
+    prompts = [[(11 * i + j) % 90 + 3 for j in range(3 + 9 * i)] for i in range(7)]
+    params = [SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(7)]
+    results = {}
+    for eager in (True, False):
+        llm = LLM(str(model_dir), dtype="float32", device="cuda", enforce_eager=eager, max_num_seqs=8)
+        assert (llm.engine.runner.graphs is None) == eager and llm.engine.async_scheduling
+        results[eager] = [o.token_ids for o in llm.generate(prompts, params)]
+        llm.close()
+    assert [len(t) for t in results[False]] == [6 + 3 * i for i in range(7)]
     assert results[True] == results[False]
