@@ -49,13 +49,22 @@ def apply_rotary_reference(q, k, positions, cos_sin_cache, rotary_dim=None, is_n
 
 @triton.jit
 def _rotary_kernel(
-    x_ptr, out_ptr, pos_ptr, cache_ptr,
-    stride_xt, stride_xh, stride_ot, stride_oh, stride_c,
-    num_heads,
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cache_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
+    num_q_heads, num_k_heads, q_blocks,
     HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
+    # grid: (tokens, q head blocks + k head blocks); one launch rotates both
     token = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    block = tl.program_id(1)
+    if block < q_blocks:
+        x_ptr, out_ptr, num_heads = q_ptr, q_out_ptr, num_q_heads
+        stride_xt, stride_xh, stride_ot, stride_oh = stride_qt, stride_qh, stride_qot, stride_qoh
+    else:
+        x_ptr, out_ptr, num_heads = k_ptr, k_out_ptr, num_k_heads
+        stride_xt, stride_xh, stride_ot, stride_oh = stride_kt, stride_kh, stride_kot, stride_koh
+        block -= q_blocks
+    heads = block * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
     d = tl.arange(0, BLOCK_D)  # [BLOCK_D] channel index
     in_rot = d < ROT
     if IS_NEOX:
@@ -79,30 +88,30 @@ def _rotary_kernel(
     tl.store(out_row + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _rotate_triton(x, positions, cache, rot, is_neox):
-    # x: [tokens, heads, head_dim] with a contiguous last dim
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    tokens, heads, head_dim = x.shape
-    out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
-    if tokens == 0:
-        return out
-    block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(heads), max(1, 2048 // block_d))
-    grid = (tokens, triton.cdiv(heads, block_h))
-    _rotary_kernel[grid](
-        x, out, positions, cache,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cache.stride(0),
-        heads, HEAD_DIM=head_dim, ROT=rot, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
-    )  # fmt: skip
-    return out
-
-
 def apply_rotary_triton(q, k, positions, cos_sin_cache, rotary_dim=None, is_neox=True):
+    # q, k: [tokens, heads, head_dim]; one launch rotates both (a decode step of a small model is launch-bound)
     rot = rotary_dim or cos_sin_cache.shape[-1]
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     positions = positions.contiguous()
-    return _rotate_triton(q, positions, cache, rot, is_neox), _rotate_triton(k, positions, cache, rot, is_neox)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    tokens, q_heads, head_dim = q.shape
+    k_heads = k.shape[1]
+    q_out = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((tokens, k_heads, head_dim), dtype=k.dtype, device=k.device)
+    if tokens == 0:
+        return q_out, k_out
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 2048 // block_d))
+    q_blocks = triton.cdiv(q_heads, block_h)
+    grid = (tokens, q_blocks + triton.cdiv(k_heads, block_h))
+    _rotary_kernel[grid](
+        q, k, q_out, k_out, positions, cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1), k_out.stride(0),
+        k_out.stride(1), cache.stride(0), q_heads, k_heads, q_blocks,
+        HEAD_DIM=head_dim, ROT=rot, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+    )  # fmt: skip
+    return q_out, k_out
 
 
 dispatch.register(OP, apply_rotary_reference, apply_rotary_triton)

@@ -33,6 +33,18 @@ def test_triton_matches_reference(dtype, head_dim, rot, is_neox):
     assert torch.equal(got_q[..., rot:], q[..., rot:])  # pass-through channels untouched
 
 
+def test_one_launch_rotates_q_and_k_over_several_head_blocks_each():
+    # head_dim 128: 16 heads per program, so 40 q heads take 3 blocks and 20 k heads 2 (the last of each partial)
+    q = torch.randn(3, 40, 128, device=DEV)
+    k = torch.randn(3, 20, 128, device=DEV)
+    positions = torch.tensor([0, 5, 63], device=DEV)
+    cache = _cache(64, 128).to(DEV)
+    got = dispatch.get_impl(OP, torch.float32, backend="triton")(q, k, positions, cache)
+    want = apply_rotary_reference(q, k, positions, cache)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_triton_reads_strided_views_of_a_fused_qkv():
     qkv = torch.randn(6, (4 + 2 + 2) * 16, device=DEV)
     q = qkv[:, : 4 * 16].view(6, 4, 16)
