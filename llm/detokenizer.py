@@ -63,6 +63,15 @@ class IncrementalDetokenizer:
         return self._text[: self._released]
 
     @property
+    def num_released(self) -> int:
+        """Characters of text released so far; the released text never changes, it only grows."""
+        return self._released
+
+    def released_text(self, end: int, start: int = 0) -> str:
+        """Characters [start, end) of the released text (end <= num_released at any earlier time)."""
+        return self._text[start:end]
+
+    @property
     def stopped(self) -> bool:
         return self.stop_string is not None
 

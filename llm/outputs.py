@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 # One entry per generated token: {token_id: logprob} with the sampled token first, then the top-n.
 TokenLogprobs = dict[int, float]
 
 
-@dataclass(slots=True)
 class CompletionOutput:
     """One completion of a request.
 
@@ -16,20 +16,99 @@ class CompletionOutput:
     is new since the previous output of the same request (streaming).
     `finish_reason` is None while running, then "stop" (EOS, a stop token id or a stop
     string), "length" (max_tokens or the context length) or "abort".
+
+    The engine builds one per running completion and step; it passes the cumulative fields
+    as `lazy` views instead (`CompletionOutput.view`): each is sliced from the completion's
+    growing state when first read, so a step costs the same at token 4000 as at token 4.
     """
 
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    logprobs: list[TokenLogprobs] | None = None
-    delta_text: str = ""
-    delta_token_ids: list[int] = field(default_factory=list)
+    __slots__ = ("index", "finish_reason", "stop_reason", "delta_text", "delta_token_ids", "_text", "_token_ids",
+                 "_logprobs", "_lazy")  # fmt: skip
+
+    def __init__(
+        self,
+        index: int,
+        text: str = "",
+        token_ids: list[int] | None = None,
+        finish_reason: str | None = None,
+        stop_reason: str | int | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
+        delta_text: str = "",
+        delta_token_ids: list[int] | None = None,
+    ) -> None:
+        self.index = index
+        self._text = text
+        self._token_ids = [] if token_ids is None else token_ids
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+        self._logprobs = logprobs
+        self.delta_text = delta_text
+        self.delta_token_ids = [] if delta_token_ids is None else delta_token_ids
+        self._lazy: tuple | None = None
+
+    @classmethod
+    def view(
+        cls,
+        index: int,
+        text: tuple[Callable[[int], str], int],
+        tokens: tuple[list, int, int],
+        logprobs: tuple[list, int] | None,
+        finish_reason: str | None,
+        stop_reason: str | int | None,
+        delta_text: str,
+        delta_token_ids: list[int],
+    ) -> CompletionOutput:
+        """The cumulative fields as views read on first use: `text` is `text[0](text[1])` (the first text[1]
+        characters), `token_ids` is `tokens[0][tokens[1] : tokens[2]]`, `logprobs` is `logprobs[0][: logprobs[1]]`.
+        The sources may grow afterwards but must not change below those ends."""
+        out = cls.__new__(cls)  # the engine's per-step path: the fields set once, here
+        out.index, out.finish_reason, out.stop_reason = index, finish_reason, stop_reason
+        out.delta_text, out.delta_token_ids = delta_text, delta_token_ids
+        out._text = out._token_ids = out._logprobs = None
+        out._lazy = (text, tokens, logprobs)
+        return out
+
+    def _materialize(self) -> None:
+        (text, end), (tokens, lo, hi), logprobs = self._lazy
+        self._text, self._token_ids = text(end), tokens[lo:hi]
+        self._logprobs = None if logprobs is None else list(logprobs[0][: logprobs[1]])
+        self._lazy = None
+
+    @property
+    def text(self) -> str:
+        if self._lazy is not None:
+            self._materialize()
+        return self._text
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._lazy is not None:
+            self._materialize()
+        return self._token_ids
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        if self._lazy is not None:
+            self._materialize()
+        return self._logprobs
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def _fields(self) -> tuple:
+        return (self.index, self.text, self.token_ids, self.finish_reason, self.stop_reason, self.logprobs,
+                self.delta_text, self.delta_token_ids)  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CompletionOutput) and self._fields() == other._fields()
+
+    __hash__ = None  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        names = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs", "delta_text",
+                 "delta_token_ids")  # fmt: skip
+        return "CompletionOutput(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True)) + ")"
 
 
 @dataclass(slots=True)

@@ -63,20 +63,21 @@ class Completion:
         return was_running and seq.is_finished
 
     def output(self, delta: bool) -> CompletionOutput:
-        seq = self.seq
-        text = self.detokenizer.text
-        token_ids = seq.output_token_ids
-        out = CompletionOutput(
-            index=seq.index,
-            text=text,
-            token_ids=token_ids,
+        """This completion's output; only what is new since the last one is copied here (the cumulative fields are
+        views of the growing text and tokens, llm/outputs.CompletionOutput.view)."""
+        seq, detok = self.seq, self.detokenizer
+        released, tokens, prompt = detok.num_released, len(seq.token_ids), seq.num_prompt_tokens
+        out = CompletionOutput.view(
+            seq.index,
+            text=(detok.released_text, released),
+            tokens=(seq.token_ids, prompt, tokens),
+            logprobs=(seq.logprobs, len(seq.logprobs)) if seq.params.logprobs is not None else None,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-            delta_text=text[self.sent_text :] if delta else "",
-            delta_token_ids=token_ids[self.sent_tokens :] if delta else [],
+            delta_text=detok.released_text(released, self.sent_text) if delta else "",
+            delta_token_ids=seq.token_ids[prompt + self.sent_tokens : tokens] if delta else [],
         )
-        self.sent_text, self.sent_tokens = len(text), len(token_ids)
+        self.sent_text, self.sent_tokens = released, tokens - prompt
         return out
 
 

@@ -252,3 +252,27 @@ def test_graph_step_inputs_land_padded_in_the_static_buffers(make_llm, prompts):
     assert g_meta.seq_lens.tolist() == meta.seq_lens.tolist() and g_meta.block_tables.shape[0] == 3
     assert g_meta.max_seqlen_k == meta.max_seqlen_k and not g_meta.is_prefill
     runner.graphs = None
+
+
+def test_streamed_outputs_read_late_still_hold_their_own_step(make_llm, prompts):
+    # The engine's outputs view the completion's growing text, tokens and logprobs (CompletionOutput.view): each
+    # output, read after the whole generation ran (a stop string cut the text meanwhile), holds exactly what was
+    # released up to its own step, the concatenation of the deltas so far
+    llm = make_llm()
+    full = llm.generate([prompts[1]], GREEDY)[0].text
+    start = next(i for i in range(4, len(full) - 2) if "\ufffd" not in full[i : i + 2])
+    stop = full[start : start + 2]
+    params = SamplingParams(temperature=0, max_tokens=16, stop=[stop], logprobs=1)
+    engine = llm.engine
+    engine.add_request("late", prompts[1], params)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += [o.outputs[0] for o in engine.step()]
+    assert len(outputs) > 3 and outputs[-1].finish_reason == "stop" and outputs[-1].text == full[: full.find(stop)]
+    text, tokens = "", []
+    for out in outputs:
+        text, tokens = text + out.delta_text, tokens + out.delta_token_ids
+        assert (out.text, out.token_ids) == (text, tokens)
+        assert [next(iter(entry)) for entry in out.logprobs] == tokens  # the sampled token first
+    assert outputs[-1] == outputs[-1] and outputs[0] != outputs[-1]
+    assert repr(outputs[0]).startswith("CompletionOutput(index=0, text=")
