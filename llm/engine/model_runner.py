@@ -238,7 +238,7 @@ class ModelRunner:
             cu_q.append(cu_q[-1] + end - start)
             if seq.samples_this_step:
                 sample_rows.append(cu_q[-1] - 1)
-        tables = padded_rows([s.block_table for s in seqs], multiple=TABLE_WIDTH_MULTIPLE)
+        tables = padded_rows([s.block_table_array() for s in seqs], multiple=TABLE_WIDTH_MULTIPLE)
         max_q = max(s.num_new_tokens for s in seqs)
         is_prefill = max_q > 1
         num_decode = _leading_one_token_seqs(seqs) if is_prefill else 0

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import struct
 
+import numpy as np
 import torch
 
 from llm.inputs import MultiModalPrompt
@@ -59,6 +60,11 @@ class Sequence:
         self.logprobs: list[dict[int, float]] = []
         self.generator: torch.Generator | None = None  # the sampler creates it for seeded requests
         self._block_hashes: list[bytes] = []
+        # an int32 copy of block_table for the runner's batch tables (block_table_array): the list it copies, how
+        # many of its entries it holds
+        self._table_array = np.empty(0, dtype=np.int32)
+        self._table_src: list[int] | None = None
+        self._table_synced = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -95,6 +101,23 @@ class Sequence:
         self.num_pending = max(0, self.num_pending - 1)
         if logprobs is not None:
             self.logprobs.append(logprobs)
+
+    def block_table_array(self) -> np.ndarray:
+        """`block_table` as an int32 array, kept up to date by copying only the blocks added since the last call
+        (the block manager only appends to a table, or replaces it with a new list), so a step's batch table costs
+        the same at 100k tokens as at 100 (llm/engine/transfer.padded_rows copies the rows). The array is a view
+        that later calls may overwrite: copy it before the table changes."""
+        table, n = self.block_table, len(self.block_table)
+        if table is not self._table_src or n < self._table_synced:
+            self._table_src, self._table_synced = table, 0
+        if n > self._table_array.shape[0]:
+            grown = np.empty(max(16, 2 * n), dtype=np.int32)
+            grown[: self._table_synced] = self._table_array[: self._table_synced]
+            self._table_array = grown
+        if n > self._table_synced:
+            self._table_array[self._table_synced : n] = table[self._table_synced : n]
+            self._table_synced = n
+        return self._table_array[:n]
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status = SequenceStatus.FINISHED

@@ -117,3 +117,20 @@ def test_allocate_beyond_the_pool_is_refused():
     assert not bm.can_allocate(s, 9)
     with pytest.raises(AssertionError):
         bm.allocate(s, 9)
+
+
+def test_block_table_array_follows_appends_frees_and_prefix_reuse():
+    # the runner's int32 copy of a table (Sequence.block_table_array) copies only new blocks; it must follow the
+    # block manager through growth past its capacity, a free (a new empty list) and a prefix reuse (a new list)
+    bm = BlockManager(num_blocks=64, block_size=BS)
+    a = seq(range(3))
+    for n in (3, 4, 5, 40, 41, 130):  # 1, 1, 2, 10, 11, 33 blocks: past the first capacity of 16
+        bm.allocate(a, n)
+        assert a.block_table_array().tolist() == a.block_table
+    bm.free(a)
+    assert a.block_table_array().tolist() == []
+    b = computed(bm, seq(range(12)))
+    c = seq(list(range(8)) + [90, 91])
+    c.block_table_array()
+    bm.allocate(c, len(c), bm.match_prefix(c))  # c's table is now a new list: b's first two blocks, then its own
+    assert c.block_table_array().tolist() == c.block_table == b.block_table[:2] + c.block_table[2:]
