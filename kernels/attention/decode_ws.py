@@ -94,13 +94,13 @@ from kernels.attention.gluon_sm90 import (
     TensorDescriptor,
     fence_async_shared,
     gl,
-    gl_dtype,
     gluon,
     issue_page_boxes,
     load_page_lanes,
     mbarrier,
     on_sm90,
     row_descriptor,
+    shared_layout,
     tma,
     tma_rows_ok,
     warpgroup_mma,
@@ -397,15 +397,14 @@ def descriptors(q, k_cache, v_cache, block_n: int, pack: int = 1):
     caches' rows (one box per page: [page, head_dim] of the [tokens, heads * head_dim] view, or with `pack` KV heads
     per CTA [page, pack, head_dim] of the [tokens, heads, head_dim] view)."""
     head_dim, page, kv_heads = q.shape[-1], k_cache.shape[1], k_cache.shape[2]
-    dtype = gl_dtype(q.dtype)
     columns = query_columns(q.shape[1] // kv_heads * pack)
-    q_layout = gl.NVMMASharedLayout.get_default_for([1, columns, head_dim], dtype)
+    q_layout = shared_layout((1, columns, head_dim), q.dtype)
     q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, columns, head_dim], q_layout)
     if pack == 1:
-        kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+        kv_layout = shared_layout((block_n, head_dim), q.dtype)
         return q_desc, row_descriptor(k_cache, page, kv_layout), row_descriptor(v_cache, page, kv_layout)
     box = [page, pack, head_dim]
-    kv_layout = gl.NVMMASharedLayout.get_default_for(box, dtype)
+    kv_layout = shared_layout(tuple(box), q.dtype)
 
     def heads_view(t):
         shape = [t.numel() // (kv_heads * head_dim), kv_heads, head_dim]

@@ -7,6 +7,8 @@ Triton kernels. Gluon kernels do not run in the interpreter; their tests run on 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -68,6 +70,14 @@ def row_descriptor(t, block_rows, layout):
 def gl_dtype(dtype):
     """Gluon's element type of a 2-byte torch dtype."""
     return gl.float16 if dtype == torch.float16 else gl.bfloat16
+
+
+@functools.cache
+def shared_layout(shape: tuple[int, ...], dtype: torch.dtype):
+    """The NVMMA shared-memory layout of a TMA box of `shape` (NVMMASharedLayout.get_default_for), built once per
+    shape and dtype: the launches build their descriptors every call, in eager steps once per layer, and a layout
+    costs 5-12 us of host time to build."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype(dtype))
 
 
 if gluon is not None:

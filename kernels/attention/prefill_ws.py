@@ -43,13 +43,13 @@ from kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
     gl,
-    gl_dtype,
     gluon,
     issue_page_boxes,
     load_page_lanes,
     mbarrier,
     on_sm90,
     row_descriptor,
+    shared_layout,
     tma,
     tma_rows_ok,
     warpgroup_mma,
@@ -332,8 +332,8 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     each sequence's cached prefix, or None (varlen: no prefix)."""
     batch = cu_q.shape[0] - 1
     q_heads, head_dim = q.shape[1], q.shape[2]
-    q_layout = gl.NVMMASharedLayout.get_default_for([ROWS, head_dim], gl_dtype(q.dtype))
-    kv_layout = gl.NVMMASharedLayout.get_default_for([config.block_n, head_dim], gl_dtype(q.dtype))
+    q_layout = shared_layout((ROWS, head_dim), q.dtype)
+    kv_layout = shared_layout((config.block_n, head_dim), q.dtype)
     paged = k_cache is not None
     has_window = bool(causal and window and window > 0)
     k_desc, v_desc = row_descriptor(k, config.block_n, kv_layout), row_descriptor(v, config.block_n, kv_layout)
