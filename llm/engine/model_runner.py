@@ -111,21 +111,35 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _compile_step_kernels(self) -> None:
-        """Run one mixed step (a decode row and a prefill of a few blocks) on scratch blocks, then zero them:
-        Triton compiles the eager step's kernels now instead of while the first requests wait."""
+        """Run scratch steps on scratch blocks, then zero them, so that Triton compiles the eager steps' kernels now
+        instead of while the first requests wait: a mixed step (a decode row and a prefill of a few blocks), then a
+        prefill of more query tiles than the prefill kernels take heads first (kernels/attention/launch_order.py:
+        the other launch order is another compiled variant, and a serving start's first step of many prompts
+        takes it)."""
+        from kernels.attention.launch_order import HEADS_FIRST_MAX_TILES
+
         bs, n = self.block_size, 2 * self.block_size + 3
-        blocks = 1 + math.ceil(n / bs)
-        if self.num_blocks < blocks:
-            return
         params = SamplingParams(temperature=0, max_tokens=1)
-        decode = Sequence("warm-up", MultiModalPrompt([0, 0]), params, bs)
-        decode.block_table, decode.num_computed_tokens, decode.num_new_tokens = [0], 1, 1
-        prefill = Sequence("warm-up", MultiModalPrompt([0] * n), params, bs)
-        prefill.block_table, prefill.num_new_tokens = list(range(1, blocks)), n
-        self.launch([decode, prefill]).result()
+
+        def scratch(tokens: int, computed: int, first_block: int) -> Sequence:
+            seq = Sequence("warm-up", MultiModalPrompt([0] * (computed + tokens)), params, bs)
+            seq.block_table = list(range(first_block, first_block + math.ceil((computed + tokens) / bs)))
+            seq.num_computed_tokens, seq.num_new_tokens = computed, tokens
+            return seq
+
+        steps = [[scratch(1, 1, 0), scratch(n, 0, 1)]]
+        per_seq = math.ceil(2 / bs)
+        steps.append([scratch(2, 0, i * per_seq) for i in range(HEADS_FIRST_MAX_TILES + 1)])
+        used = 0
+        for seqs in steps:
+            needed = max(s.block_table[-1] for s in seqs) + 1
+            if needed > self.num_blocks:
+                break
+            self.launch(seqs).result()
+            used = max(used, needed)
         for k, v in self.kv_caches:
-            k[:blocks].zero_()
-            v[:blocks].zero_()
+            k[:used].zero_()
+            v[:used].zero_()
 
     # -- memory -------------------------------------------------------------
 

@@ -212,10 +212,19 @@ def test_n_completions_share_the_prompt_blocks(make_llm, prompts, reference, sch
 def test_start_up_mixed_step_leaves_the_cache_clean_and_outputs_unchanged(make_llm, prompts, reference):
     # On CUDA the runner runs one scratch mixed step at start (Triton compiles its kernels then); here it
     # is run by hand on the CPU: it must leave no K/V behind and change no later output.
+    from kernels.attention import launch_order
+
     llm = make_llm()
     runner = llm.engine.runner
+    steps, launch = [], runner.launch
+    runner.launch = lambda seqs: steps.append([s.num_new_tokens for s in seqs]) or launch(seqs)
     runner._compile_step_kernels()
+    runner.launch = launch
     assert all(not k.any() and not v.any() for k, v in runner.kv_caches)
+    # a mixed step, then a prefill the kernels take in the other launch order (each order its own compiled variant)
+    assert steps[0][0] == 1 and steps[0][1] > 1 and min(steps[1]) > 1
+    orders = {launch_order.grid(4, len([t for t in step if t > 1]), 1)[1] for step in steps}
+    assert orders == {True, False}
     assert tokens(llm.generate(prompts, GREEDY)) == reference
 
 
