@@ -52,7 +52,6 @@ class AttentionMetadata:
         cu_seqlens_q: [batch + 1] int32, prefix sums of new tokens per sequence (prefill only).
         max_seqlen_q: the largest number of new tokens of one sequence (prefill only).
         max_seqlen_k: the largest `seq_lens` value (host int; kernels may use it to size their grid).
-        context_lens: [batch] int32, tokens already in the cache before this step (seq_lens - new tokens).
         num_splits: split-k count of the decode rows (all rows of a decode step, the leading one-token rows of
             a mixed step); None lets the kernel choose (fix it under CUDA graphs).
         decode_config: the kernel config `num_splits` was planned for (kernels.attention.plan.decode_plan);
@@ -67,7 +66,6 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None = None
     max_seqlen_q: int = 1
     max_seqlen_k: int = 0
-    context_lens: torch.Tensor | None = None
     num_splits: int | None = None
     decode_config: DecodeConfig | WsDecodeConfig | None = None
     num_decode_seqs: int = 0

@@ -95,11 +95,11 @@ class DecodeGraphs:
         """(input_ids, positions, slot_mapping, seq_lens) of batch bucket `bs`: views at the front of the packed
         buffers where the runner's step of `bs` rows puts them (llm/engine/model_runner.py `_prepare`: `Packed` of
         [ids, positions, slots, ...] and of [seq_lens, ...])."""
-        pos_shape = (3, bs) if uses_mrope else (bs,)
-        ids, pos, slots = Packed.layout([bs, 3 * bs if uses_mrope else bs, bs])[:3]
-        longs, ints = buf["longs"], buf["ints"]
-        return longs[ids : ids + bs], longs[pos : pos + 3 * bs if uses_mrope else pos + bs].view(pos_shape), (
-            longs[slots : slots + bs]), ints[:bs]  # fmt: skip
+        pos_size = 3 * bs if uses_mrope else bs
+        ids, pos, slots, _ = Packed.layout([bs, pos_size, bs])
+        longs = buf["longs"]
+        positions = longs[pos : pos + pos_size].view((3, bs) if uses_mrope else (bs,))
+        return longs[ids : ids + bs], positions, longs[slots : slots + bs], buf["ints"][:bs]
 
     @classmethod
     @torch.inference_mode()

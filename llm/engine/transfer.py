@@ -56,10 +56,10 @@ class Packed:
     where they land when that step's packing starts with parts of the same sizes."""
 
     def __init__(self, parts: list, dtype: torch.dtype, device: torch.device) -> None:
-        self.shapes = [np.shape(p) for p in parts]
-        sizes = [math.prod(shape) for shape in self.shapes]
+        shapes = [np.shape(p) for p in parts]
+        sizes = [math.prod(shape) for shape in shapes]
         offsets = self.layout(sizes)
-        self.parts = [(lo, size, shape) for lo, size, shape in zip(offsets, sizes, self.shapes, strict=False)]
+        self.parts = list(zip(offsets[:-1], sizes, shapes, strict=True))  # (offset, size, shape) of each part
         self.device = device
         self.host = torch.empty(offsets[-1], dtype=dtype, pin_memory=device.type == "cuda")
         flat = self.host.numpy()

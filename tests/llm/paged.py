@@ -56,7 +56,6 @@ class PagedCache:
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
             max_seqlen_q=max(len(ids) for _, ids in batch),
             max_seqlen_k=max(seq_lens),
-            context_lens=torch.tensor([n - len(ids) for n, (_, ids) in zip(seq_lens, batch, strict=True)]),
         )
         return meta, torch.tensor(positions, dtype=torch.int64)
 
