@@ -17,9 +17,9 @@ class CompletionOutput:
     `finish_reason` is None while running, then "stop" (EOS, a stop token id or a stop
     string), "length" (max_tokens or the context length) or "abort".
 
-    The engine builds one per running completion and step; it passes the cumulative fields
-    as `lazy` views instead (`CompletionOutput.view`): each is sliced from the completion's
-    growing state when first read, so a step costs the same at token 4000 as at token 4.
+    The engine builds one per running completion and step, with the cumulative fields as views
+    (`CompletionOutput.view`): each is sliced from the completion's growing state when first
+    read, so a step costs the same at token 4000 as at token 4. The fields are read-only.
     """
 
     __slots__ = ("index", "finish_reason", "stop_reason", "delta_text", "delta_token_ids", "_text", "_token_ids",
@@ -71,7 +71,7 @@ class CompletionOutput:
     def _materialize(self) -> None:
         (text, end), (tokens, lo, hi), logprobs = self._lazy
         self._text, self._token_ids = text(end), tokens[lo:hi]
-        self._logprobs = None if logprobs is None else list(logprobs[0][: logprobs[1]])
+        self._logprobs = None if logprobs is None else logprobs[0][: logprobs[1]]
         self._lazy = None
 
     @property
