@@ -68,7 +68,7 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
         seen = 0
         async for out in engine.generate(f"bench-{i}", req.prompt_token_ids, params):
-            n = len(out.outputs[0].token_ids)
+            n = seen + len(out.outputs[0].delta_token_ids)  # the cumulative list would be sliced on every read
             if n > seen:
                 rec.token_times.append(time.perf_counter())
                 rec.chunk_tokens.append(n - seen)
