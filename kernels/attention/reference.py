@@ -14,11 +14,19 @@ Decode is vectorized over the batch; prefill and varlen loop over sequences
 (never over tokens) and over query chunks sized to bound the score matrix.
 On a CPU tensor the decode path trims the block table to the longest sequence
 (a host sync); on a GPU tensor it reads the whole table and syncs nothing.
+
+The CPU serving path of fp32 decode without softcap (`_decode_sdpa`) gathers each
+sequence's own rows (its window's, with a sliding window) and runs torch's fused
+SDPA on them: no padded keys, no mask, one call per sequence instead of a dozen
+tensor ops over the padded batch. A decode step of the demo model spent 0.1 ms per
+layer in the vectorized form, more than all its other ops together. The tests keep
+their ground truth in float64, which takes the vectorized form.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # Bound on the elements of one score matrix [heads, q_chunk, keys] in prefill.
 _SCORE_ELEMENTS = 1 << 25
@@ -73,6 +81,8 @@ def paged_decode_attention(
 ):  # fmt: skip
     """One query token per sequence against its paged K/V (num_splits and the kernel config are ignored here)."""
     # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
+    if not q.is_cuda and q.dtype == torch.float32 and not (softcap and softcap > 0):
+        return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out)
     batch, q_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
@@ -96,6 +106,22 @@ def paged_decode_attention(
     if out is None:
         return res.to(q.dtype)
     out.copy_(res)
+    return out
+
+
+def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out):
+    """paged_decode_attention on the CPU in fp32 without softcap (module doc): per sequence, SDPA over the keys its
+    query sees (the last `sliding_window` of them with a window), GQA through enable_gqa."""
+    out = torch.empty_like(q) if out is None else out
+    for b, length in enumerate(seq_lens.tolist()):
+        start = max(0, length - sliding_window) if sliding_window is not None and sliding_window > 0 else 0
+        if length <= start:
+            out[b] = 0.0  # no key: a zero row, as everywhere here
+            continue
+        k = _gather_paged(k_cache, block_tables[b], length)[start:].transpose(0, 1)  # [kv_heads, keys, d]
+        v = _gather_paged(v_cache, block_tables[b], length)[start:].transpose(0, 1)
+        res = F.scaled_dot_product_attention(q[b].unsqueeze(1), k, v, scale=scale, enable_gqa=True)  # [heads, 1, d]
+        out[b] = res.squeeze(1)
     return out
 
 

@@ -109,3 +109,19 @@ def test_write_kv_cache_skips_negative_slots():
     torch.testing.assert_close(kc[1, 1], k[0])
     torch.testing.assert_close(vc[2, 3], v[2])
     assert int((kc != 0).any(-1).any(-1).sum()) == 2
+
+
+@pytest.mark.parametrize("window", [None, 7], ids=["plain", "window7"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)], ids=["mha", "gqa4", "mqa"])
+def test_cpu_fp32_decode_path_matches_the_float64_reference(heads, window):
+    # fp32 on the CPU takes the per-sequence SDPA path (the serving path there); float64 the vectorized one
+    hq, hkv = heads
+    lens = [0, 1, 15, 16, 17, 40]
+    kc, vc, tables = _paged(lens, 16, hkv, 32)
+    q = torch.randn(len(lens), hq, 32, dtype=torch.float64)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    want = ref.paged_decode_attention(q, kc, vc, tables, seq_lens, 0.2, window)
+    out = torch.full((len(lens), hq, 32), float("nan"))
+    got = ref.paged_decode_attention(q.float(), kc.float(), vc.float(), tables, seq_lens, 0.2, window, out=out)
+    assert got is out and torch.equal(out[0], torch.zeros_like(out[0]))  # no key: zeros, never NaN
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
