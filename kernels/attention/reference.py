@@ -19,8 +19,10 @@ The CPU serving path of fp32 decode without softcap (`_decode_sdpa`) gathers eac
 sequence's own rows (its window's, with a sliding window) and runs torch's fused
 SDPA on them: no padded keys, no mask, one call per sequence instead of a dozen
 tensor ops over the padded batch. A decode step of the demo model spent 0.1 ms per
-layer in the vectorized form, more than all its other ops together. The tests keep
-their ground truth in float64, which takes the vectorized form.
+layer in the vectorized form, more than all its other ops together. Prefill and
+varlen attention in fp32 on the CPU without softcap call SDPA per sequence and query
+chunk as well (with the causal/window mask as a boolean mask). The tests keep their
+ground truth in float64, which takes the explicit form.
 """
 
 from __future__ import annotations
@@ -135,12 +137,25 @@ def _attend(q, k, v, q_start, scale, causal, sliding_window, softcap, out):
     v = v.to(acc)
     k_pos = torch.arange(s, device=q.device)
     chunk = max(1, _SCORE_ELEMENTS // max(1, q_heads * s))
+    fused = not q.is_cuda and q.dtype == torch.float32 and not (softcap and softcap > 0) and s > 0  # module doc
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
+        q_pos = torch.arange(q_start + lo, q_start + hi, device=q.device).view(-1, 1)
+        if fused:  # every causal query sees at least its own key, so no row is empty
+            mask = _visible(q_pos, k_pos, s, True, sliding_window) if causal else None
+            res = F.scaled_dot_product_attention(
+                q[lo:hi].transpose(0, 1),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=True,
+            )  # [q_heads, m, d]
+            out[lo:hi] = res.transpose(0, 1)
+            continue
         qg = q[lo:hi].reshape(hi - lo, kv_heads, group, head_dim).to(acc)  # [m, kv_heads, group, d]
         scores = torch.einsum("mhgd,shd->hgms", qg, k)  # [kv_heads, group, m, s]
         scores = _scale_and_cap(scores, scale, softcap)
-        q_pos = torch.arange(q_start + lo, q_start + hi, device=q.device).view(-1, 1)
         probs = _softmax_rows(scores, _visible(q_pos, k_pos, s, causal, sliding_window))
         res = torch.einsum("hgms,shd->mhgd", probs, v)
         out[lo:hi] = res.reshape(hi - lo, q_heads, head_dim).to(out.dtype)

@@ -125,3 +125,20 @@ def test_cpu_fp32_decode_path_matches_the_float64_reference(heads, window):
     got = ref.paged_decode_attention(q.float(), kc.float(), vc.float(), tables, seq_lens, 0.2, window, out=out)
     assert got is out and torch.equal(out[0], torch.zeros_like(out[0]))  # no key: zeros, never NaN
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (True, 5), (False, None)], ids=["causal", "window5", "full"])
+def test_cpu_fp32_prefill_and_varlen_paths_match_the_float64_reference(causal, window):
+    # fp32 on the CPU calls SDPA per sequence (the serving path there); float64 computes the scores explicitly
+    lens = [9, 33, 4]
+    kc, vc, tables = _paged(lens, 8, 2, 16)
+    cu = torch.tensor([0, 3, 36, 37], dtype=torch.int32)  # prefixes of 6, 0 and 3 keys
+    q = torch.randn(37, 4, 16, dtype=torch.float64)
+    args = (tables, cu, torch.tensor(lens, dtype=torch.int32), 0.3, 33, causal, window)
+    want = ref.paged_prefill_attention(q, kc, vc, *args)
+    got = ref.paged_prefill_attention(q.float(), kc.float(), vc.float(), *args)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    k, v = kc.flatten(0, 1)[:37], vc.flatten(0, 1)[:37]
+    want = ref.varlen_attention(q, k, v, cu, 33, 0.3, causal)
+    got = ref.varlen_attention(q.float(), k.float(), v.float(), cu, 33, 0.3, causal)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
