@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
+from llm import SamplingParams
 from llm.weights import load_model
 from tests.vision import vlm_checks as checks
 from tests.vision.references import conversations, image, our_prompt_logits, rel_err
@@ -87,3 +88,33 @@ def test_tie_follows_transformers_when_the_checkpoint_has_its_own_head(setup, tm
     with torch.no_grad():
         expected = hf(**checks_.hf_inputs(prompt)).logits[0]
     assert rel_err(our_prompt_logits(relaid, prompt), expected) < checks.RTOL
+
+
+def test_graph_decode_step_packs_mrope_positions_padded_to_the_bucket(setup):
+    # M-RoPE decode rows: the graphs' static positions are [3, bucket] (cuda_graphs.static_inputs); a step of 2
+    # image conversations padded to bucket 4 lands there as an eager step sees it, the padded columns zero
+    from llm.engine.cuda_graphs import DecodeGraphs
+
+    llm = setup[2]
+    engine, runner = llm.engine, llm.engine.runner
+    assert runner.uses_mrope
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for i, name in enumerate(["one_image", "second_turn"]):
+        engine.add_request(f"mrope-{i}", conversations(image)[name], params)
+    for _ in range(4):
+        engine.step()
+    seqs = engine.scheduler.schedule()
+    assert [s.num_new_tokens for s in seqs] == [1, 1]
+    ids, pos, meta, _ = runner._prepare(seqs)
+    runner.graphs = DecodeGraphs([4], {}, DecodeGraphs.static_buffers(4, runner.max_blocks + 8, True, runner.device))
+    try:
+        runner._prepare(seqs, bucket=4)
+        s_ids, s_pos, s_slots, s_lens = DecodeGraphs.static_inputs(runner.graphs.buf, 4, True)
+    finally:
+        runner.graphs = None
+    assert pos.shape == (3, 2) and s_pos.shape == (3, 4)
+    assert torch.equal(s_pos[:, :2], pos) and not s_pos[:, 2:].any()
+    assert torch.equal(s_ids[:2], ids) and s_slots.tolist() == meta.slot_mapping.tolist() + [-1, -1]
+    assert s_lens.tolist() == meta.seq_lens.tolist() + [0, 0]
+    while engine.has_unfinished():  # leave the shared engine idle for the other tests
+        engine.step()
