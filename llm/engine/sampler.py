@@ -55,10 +55,14 @@ class Sampler:
         rows, vocab = logits.shape
         dev = logits.device
         # [rows, max_out], pad = vocab
-        out_ids = to_device(padded_rows([s.output_token_ids for s in seqs], vocab), torch.long, dev)
+        # the rows from each sequence's int32 copy of its tokens: reading the lists costs O(tokens) per step on the host
+        tokens = [s.token_array() for s in seqs]
+        out_ids = to_device(padded_rows([t[s.num_prompt_tokens :] for t, s in zip(tokens, seqs, strict=True)], vocab),
+                            torch.long, dev)  # fmt: skip
         ones = torch.ones_like(out_ids, dtype=torch.float)
         counts = torch.zeros(rows, vocab + 1, device=dev).scatter_add_(1, out_ids, ones)[:, :vocab]  # [rows, vocab]
-        prompt_ids = to_device(padded_rows([s.token_ids[: s.num_prompt_tokens] for s in seqs], vocab), torch.long, dev)
+        prompts = padded_rows([t[: s.num_prompt_tokens] for t, s in zip(tokens, seqs, strict=True)], vocab)
+        prompt_ids = to_device(prompts, torch.long, dev)
         seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=dev).scatter_(1, prompt_ids, True)[:, :vocab]
         seen |= counts > 0
         rep = to_device([s.params.repetition_penalty for s in seqs], torch.float, dev).unsqueeze(1)

@@ -18,6 +18,34 @@ from llm.inputs import MultiModalPrompt
 from llm.sampling_params import SamplingParams
 
 
+class GrowingListCopy:
+    """An int32 array copy of a list that only grows by appends or is replaced by another list (a sequence's tokens
+    and block table), kept up to date by copying only what was appended since the last call: per-step batch tables
+    built from the lists themselves cost O(context) per sequence and step (3.2 ms for 128 sequences of 2048 blocks
+    on a CPU core, 8 ms for the penalty tables of 128 sequences of 4200 tokens)."""
+
+    __slots__ = ("array", "src", "synced")
+
+    def __init__(self) -> None:
+        self.array = np.empty(0, dtype=np.int32)
+        self.src: list[int] | None = None  # the list copied
+        self.synced = 0  # how many of its entries the array holds
+
+    def of(self, values: list[int]) -> np.ndarray:
+        """The array of `values` (a view that later calls may overwrite: copy it before `values` changes)."""
+        n = len(values)
+        if values is not self.src or n < self.synced:
+            self.src, self.synced = values, 0
+        if n > self.array.shape[0]:
+            grown = np.empty(max(16, 2 * n), dtype=np.int32)
+            grown[: self.synced] = self.array[: self.synced]
+            self.array = grown
+        if n > self.synced:
+            self.array[self.synced : n] = values[self.synced : n]
+            self.synced = n
+        return self.array[:n]
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -60,11 +88,8 @@ class Sequence:
         self.logprobs: list[dict[int, float]] = []
         self.generator: torch.Generator | None = None  # the sampler creates it for seeded requests
         self._block_hashes: list[bytes] = []
-        # an int32 copy of block_table for the runner's batch tables (block_table_array): the list it copies, how
-        # many of its entries it holds
-        self._table_array = np.empty(0, dtype=np.int32)
-        self._table_src: list[int] | None = None
-        self._table_synced = 0
+        self._table_copy = GrowingListCopy()  # block_table_array
+        self._token_copy = GrowingListCopy()  # token_array
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -103,21 +128,13 @@ class Sequence:
             self.logprobs.append(logprobs)
 
     def block_table_array(self) -> np.ndarray:
-        """`block_table` as an int32 array, kept up to date by copying only the blocks added since the last call
-        (the block manager only appends to a table, or replaces it with a new list), so a step's batch table costs
-        the same at 100k tokens as at 100 (llm/engine/transfer.padded_rows copies the rows). The array is a view
-        that later calls may overwrite: copy it before the table changes."""
-        table, n = self.block_table, len(self.block_table)
-        if table is not self._table_src or n < self._table_synced:
-            self._table_src, self._table_synced = table, 0
-        if n > self._table_array.shape[0]:
-            grown = np.empty(max(16, 2 * n), dtype=np.int32)
-            grown[: self._table_synced] = self._table_array[: self._table_synced]
-            self._table_array = grown
-        if n > self._table_synced:
-            self._table_array[self._table_synced : n] = table[self._table_synced : n]
-            self._table_synced = n
-        return self._table_array[:n]
+        """`block_table` as an int32 array (the runner's batch tables): a step's tables cost the same at 100k tokens
+        as at 100 (llm/engine/transfer.padded_rows copies the rows). A view that later calls may overwrite."""
+        return self._table_copy.of(self.block_table)
+
+    def token_array(self) -> np.ndarray:
+        """`token_ids` (prompt and output) as an int32 array (the sampler's penalty tables), like block_table_array."""
+        return self._token_copy.of(self.token_ids)
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status = SequenceStatus.FINISHED

@@ -134,3 +134,13 @@ def test_block_table_array_follows_appends_frees_and_prefix_reuse():
     c.block_table_array()
     bm.allocate(c, len(c), bm.match_prefix(c))  # c's table is now a new list: b's first two blocks, then its own
     assert c.block_table_array().tolist() == c.block_table == b.block_table[:2] + c.block_table[2:]
+
+
+def test_token_array_follows_appended_tokens_and_a_replaced_list():
+    s = seq(range(5))
+    assert s.token_array().tolist() == [0, 1, 2, 3, 4]
+    for t in range(40):  # past the first capacity (16), then doubling
+        s.append_token(100 + t)
+        assert s.token_array().tolist() == s.token_ids
+    s.token_ids = [7, 8] + s.token_ids  # a new list (as a test of the scheduler does): copied afresh
+    assert s.token_array().tolist() == s.token_ids
