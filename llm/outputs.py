@@ -105,6 +105,10 @@ class CompletionOutput:
 
     __hash__ = None  # mutable, like the dataclass it replaces
 
+    def __reduce__(self):
+        """Pickled and copied with its fields read (a view would take the detokenizer and its tokenizer along)."""
+        return type(self), self._fields()
+
     def __repr__(self) -> str:
         names = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs", "delta_text",
                  "delta_token_ids")  # fmt: skip

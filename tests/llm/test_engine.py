@@ -8,6 +8,9 @@ preempted and recomputed. Then stop conditions, seeds, n > 1 and logprobs.
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -277,6 +280,8 @@ def test_streamed_outputs_read_late_still_hold_their_own_step(make_llm, prompts)
     outputs = []
     while engine.has_unfinished():
         outputs += [o.outputs[0] for o in engine.step()]
+    # pickled and copied before any field is read: the fields, not the views' sources (the detokenizer, its tokenizer)
+    pickled, copied = pickle.dumps(outputs[2]), copy.copy(outputs[2])
     assert len(outputs) > 3 and outputs[-1].finish_reason == "stop" and outputs[-1].text == full[: full.find(stop)]
     text, tokens = "", []
     for out in outputs:
@@ -285,3 +290,4 @@ def test_streamed_outputs_read_late_still_hold_their_own_step(make_llm, prompts)
         assert [next(iter(entry)) for entry in out.logprobs] == tokens  # the sampled token first
     assert outputs[-1] == outputs[-1] and outputs[0] != outputs[-1]
     assert repr(outputs[0]).startswith("CompletionOutput(index=0, text=")
+    assert len(pickled) < 1000 and pickle.loads(pickled) == copied == outputs[2]
