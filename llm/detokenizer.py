@@ -60,7 +60,7 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """The text released so far."""
-        return self._text[: self._released]
+        return self.released_text(self._released)
 
     @property
     def num_released(self) -> int:

@@ -83,7 +83,7 @@ def paged_decode_attention(
 ):  # fmt: skip
     """One query token per sequence against its paged K/V (num_splits and the kernel config are ignored here)."""
     # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
-    if not q.is_cuda and q.dtype == torch.float32 and not (softcap and softcap > 0):
+    if _fused_cpu(q, softcap):
         return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out)
     batch, q_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
@@ -120,11 +120,23 @@ def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_win
         if length <= start:
             out[b] = 0.0  # no key: a zero row, as everywhere here
             continue
-        k = _gather_paged(k_cache, block_tables[b], length)[start:].transpose(0, 1)  # [kv_heads, keys, d]
-        v = _gather_paged(v_cache, block_tables[b], length)[start:].transpose(0, 1)
-        res = F.scaled_dot_product_attention(q[b].unsqueeze(1), k, v, scale=scale, enable_gqa=True)  # [heads, 1, d]
-        out[b] = res.squeeze(1)
+        k = _gather_paged(k_cache, block_tables[b], length)[start:]
+        v = _gather_paged(v_cache, block_tables[b], length)[start:]
+        out[b : b + 1] = _sdpa_rows(q[b : b + 1], k, v, scale)
     return out
+
+
+def _fused_cpu(q, softcap) -> bool:
+    """Whether this call takes the fused SDPA path (module doc): fp32 on the CPU, no softcap."""
+    return not q.is_cuda and q.dtype == torch.float32 and not (softcap and softcap > 0)
+
+
+def _sdpa_rows(q, k, v, scale, mask=None):
+    """SDPA of queries q [m, q_heads, d] over rows k/v [s, kv_heads, d] (GQA through enable_gqa) -> [m, q_heads, d]."""
+    res = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+    )  # [q_heads, m, d]
+    return res.transpose(0, 1)
 
 
 def _attend(q, k, v, q_start, scale, causal, sliding_window, softcap, out):
@@ -137,21 +149,13 @@ def _attend(q, k, v, q_start, scale, causal, sliding_window, softcap, out):
     v = v.to(acc)
     k_pos = torch.arange(s, device=q.device)
     chunk = max(1, _SCORE_ELEMENTS // max(1, q_heads * s))
-    fused = not q.is_cuda and q.dtype == torch.float32 and not (softcap and softcap > 0) and s > 0  # module doc
+    fused = _fused_cpu(q, softcap) and s > 0
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         q_pos = torch.arange(q_start + lo, q_start + hi, device=q.device).view(-1, 1)
         if fused:  # every causal query sees at least its own key, so no row is empty
             mask = _visible(q_pos, k_pos, s, True, sliding_window) if causal else None
-            res = F.scaled_dot_product_attention(
-                q[lo:hi].transpose(0, 1),
-                k.transpose(0, 1),
-                v.transpose(0, 1),
-                attn_mask=mask,
-                scale=scale,
-                enable_gqa=True,
-            )  # [q_heads, m, d]
-            out[lo:hi] = res.transpose(0, 1)
+            out[lo:hi] = _sdpa_rows(q[lo:hi], k, v, scale, mask)
             continue
         qg = q[lo:hi].reshape(hi - lo, kv_heads, group, head_dim).to(acc)  # [m, kv_heads, group, d]
         scores = torch.einsum("mhgd,shd->hgms", qg, k)  # [kv_heads, group, m, s]
