@@ -1,4 +1,4 @@
-"""Decoder ops other than attention: RMSNorm (with fused residual), gated activations, rotary.
+"""Decoder ops other than attention: RMSNorm (with fused residual), gated activations, rotary, linear.
 
 Each public function dispatches through `kernels.dispatch` to its Triton kernel
 or its torch reference for the tensor's device and dtype. Signatures and shapes:
@@ -6,7 +6,8 @@ docs/INTERFACES.md.
 """
 
 from kernels.ops.activation import gelu_tanh_and_mul, silu_and_mul
+from kernels.ops.linear import linear
 from kernels.ops.rms_norm import rms_norm
 from kernels.ops.rotary import apply_rotary
 
-__all__ = ["rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "apply_rotary"]
+__all__ = ["rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "apply_rotary", "linear"]

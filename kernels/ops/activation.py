@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
 
 SILU = "ops.silu_and_mul"
@@ -41,7 +42,12 @@ def _tanh(x):
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, inter, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _act_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, inter, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    if PDL:  # the next kernel may launch now (a GEMV starts reading its weights); x is the previous one's output
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -62,7 +68,10 @@ def _act_and_mul_triton(x, act):
     out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
     if tokens > 0 and inter > 0:
         grid = (tokens, triton.cdiv(inter, BLOCK))
-        _act_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), inter, ACT=act, BLOCK=BLOCK, num_warps=4)
+        pdl = dependent_launch(device_for(x))
+        _act_and_mul_kernel[grid](
+            x, out, x.stride(0), out.stride(0), inter, ACT=act, BLOCK=BLOCK, PDL=pdl, num_warps=4, **pdl_options(pdl)
+        )
     return out
 
 

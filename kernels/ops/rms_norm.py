@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
 
 OP = "ops.rms_norm"
@@ -43,11 +44,14 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
     stride_x, stride_res, stride_out, stride_new_res,
     hidden, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    if PDL:  # the next kernel may launch now (a GEMV starts reading its weights); x is the previous one's output
+        gdc_launch_dependents()
+        gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -77,12 +81,13 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
     if res.stride(-1) != 1:
         res = res.contiguous()
     block = triton.next_power_of_2(hidden)
+    pdl = dependent_launch(device_for(x))
     if tokens > 0:
         _rms_norm_kernel[(tokens,)](
             x, res, weight.contiguous(), out, new_res,
             x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
             hidden, float(eps), float(weight_offset),
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_num_warps(block),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=_num_warps(block), **pdl_options(pdl),
         )  # fmt: skip
     return out if residual is None else (out, new_res)
 

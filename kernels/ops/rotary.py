@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
 
 OP = "ops.apply_rotary"
@@ -53,8 +54,12 @@ def _rotary_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
     num_q_heads, num_k_heads, q_blocks,
     HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (tokens, q head blocks + k head blocks); one launch rotates both
+    if PDL:  # the next kernel may launch now; q and k are the previous kernel's output
+        gdc_launch_dependents()
+        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     if block < q_blocks:
@@ -105,11 +110,13 @@ def apply_rotary_triton(q, k, positions, cos_sin_cache, rotary_dim=None, is_neox
     block_h = min(triton.next_power_of_2(max(q_heads, k_heads)), max(1, 2048 // block_d))
     q_blocks = triton.cdiv(q_heads, block_h)
     grid = (tokens, q_blocks + triton.cdiv(k_heads, block_h))
+    pdl = dependent_launch(device_for(q))
     _rotary_kernel[grid](
         q, k, q_out, k_out, positions, cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1), k_out.stride(0),
         k_out.stride(1), cache.stride(0), q_heads, k_heads, q_blocks,
-        HEAD_DIM=head_dim, ROT=rot, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+        HEAD_DIM=head_dim, ROT=rot, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_D=block_d, PDL=pdl, num_warps=4,
+        **pdl_options(pdl),
     )  # fmt: skip
     return q_out, k_out
 

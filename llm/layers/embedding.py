@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.ops import linear
 from llm.layers.linear import default_weight_loader
 
 
@@ -54,7 +55,7 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [rows, hidden] -> [rows, vocab] fp32
-        logits = F.linear(hidden, self.weight).float()
+        logits = linear(hidden, self.weight, out_dtype=torch.float32)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -8,8 +8,9 @@ placing one piece at its rows, and `shards`, the pieces a complete load needs.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from kernels.ops import linear
 
 
 def copy_weight(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -55,8 +56,9 @@ class Linear(nn.Module):
         copy_weight(param.data[start:end], loaded, f"of piece {shard!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [tokens, in_features] -> [tokens, out_features]
-        return F.linear(x, self.weight, self.bias)
+        # x: [..., in_features] -> [..., out_features]; a decode step's few rows take the GEMV (kernels.ops.linear)
+        rows = x.reshape(-1, self.in_features)
+        return linear(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
 
 
 class MergedLinear(Linear):

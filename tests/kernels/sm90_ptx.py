@@ -18,15 +18,21 @@ from triton.compiler import ASTSource
 
 from kernels.attention import decode, decode_ws, gluon_sm90, kv_write
 from kernels.attention.configs import TABLES
+from kernels.ops.activation import _act_and_mul_kernel
+from kernels.ops.linear import _gemv_kernel
+from kernels.ops.rms_norm import _rms_norm_kernel
+from kernels.ops.rotary import _rotary_kernel
 
-FLOATS = ("scale", "softcap", "qk_scale")
-PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64"}
+FLOATS = ("scale", "softcap", "qk_scale", "eps", "weight_offset")
+PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64",
+             "pos_ptr": "*i64", "cache_ptr": "*fp32"}  # fmt: skip
 MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
 
 
-def compile_ptx(fn, constexprs, descriptors=None, **options) -> str:
+def compile_ptx(fn, constexprs, descriptors=None, divisible=(), **options) -> str:
     """PTX of `fn` for sm_90 with dependent launch: pointers fp16 unless in PTR_TYPES, descriptors given by name
-    (a Gluon kernel), the rest int32 (FLOATS fp32)."""
+    (a Gluon kernel), the rest int32 (FLOATS fp32); the arguments named in `divisible` multiples of 16, as
+    Triton's launcher specializes them when they are (aligned pointers, sizes), which lets loads vectorize."""
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -41,7 +47,8 @@ def compile_ptx(fn, constexprs, descriptors=None, **options) -> str:
         from triton.experimental.gluon._runtime import GluonASTSource as source
     else:
         source = ASTSource
-    src = source(fn=fn, signature=sig, constexprs=constexprs, attrs={})
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    src = source(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": 4, **options, "launch_pdl": True}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
@@ -99,6 +106,16 @@ def main() -> None:
         "kv_write": before_wait(
             compile_ptx(kv_write._kv_write_kernel, dict(KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, PAGE=16, PDL=True))
         ),
+        # the ops of a decode step (kernels/ops): the GEMV of one row at llama-1b's o_proj shape, and the small kernels
+        "gemv": before_wait(
+            compile_ptx(_gemv_kernel, dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=2048, PDL=True),
+                        divisible=("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_wn"))
+        ),
+        "rms_norm": before_wait(compile_ptx(_rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=2048, PDL=True))),
+        "rotary": before_wait(
+            compile_ptx(_rotary_kernel, dict(HEAD_DIM=64, ROT=64, IS_NEOX=True, BLOCK_H=32, BLOCK_D=64, PDL=True))
+        ),
+        "silu_and_mul": before_wait(compile_ptx(_act_and_mul_kernel, dict(ACT="silu", BLOCK=1024, PDL=True))),
     }  # fmt: skip
     if gluon_sm90.gluon is not None:
         for grid in ("one_wave", "waves", "long", "short"):

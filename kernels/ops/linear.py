@@ -1,0 +1,138 @@
+"""y = x W^T (+ b) for the decoder's projections, with a Triton GEMV for the one row of a batch-1 decode step.
+
+A decode step of one sequence multiplies one row by every weight matrix once: the time is the weight read.
+cuBLAS's kernels for these shapes read a 2048 x 2048 matrix at about 30-37% of an H200's HBM rate
+(benchmarks/results/engine.md), and each waits for the kernel before it to end before it starts. The GEMV here
+gives each program `block_n` rows of W and the whole K. Its first weight tile is loaded before the program waits
+for the previous kernel (programmatic dependent launch, sm_90: weights are no kernel's output), so the read
+starts while the kernel before it still runs. The products accumulate in fp32 on the CUDA cores (one FMA per
+weight element is far under their rate) and the sum is rounded once to the output dtype.
+
+Two or more rows go to torch's GEMM (cuBLAS): this kernel, sweeping its weight tile once per row, measured
+slower than cuBLAS from two rows on (benchmarks/results/gemv_NVIDIA_H200.md). The reference is `F.linear`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels import dispatch
+from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.device import DeviceInfo, device_for
+
+OP = "ops.linear"
+GEMV_MAX_TOKENS = 1  # rows per call that take the GEMV; more take the GEMM
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    block_n: int  # rows of W (output columns) per program
+    block_k: int  # K elements per loop step
+    num_warps: int
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """The GEMV's tiles for W [n, k]: 4 rows of W per program, read 2048 columns (16 KB in 16-bit types) at a
+    time where K is a multiple of 2048, else 1024 (a last step mostly past the end cost 10% at K = 11008).
+
+    An H200 sweep (benchmarks/results/gemv_NVIDIA_H200.md) of 1-32 rows by 256-2048 columns over the
+    projections of 1B and 7B Llama shapes found 4 x 2048 (or 4 x 1024) within 6% of the best on each, and
+    bigger or smaller tiles slower on some: fewer rows per program leave too little of W in flight per SM,
+    more leave too few programs for N = 2048.
+    """
+    block_k = 2048 if k % 2048 == 0 else 1024
+    return GemvConfig(4, min(block_k, triton.next_power_of_2(k)), 4)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    # x: [K]; w: [N, K] (K contiguous); y: [N]. One program: BLOCK_N rows of w, all of K.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    # the first weight tile before the wait: weights are no kernel's output, so their read overlaps the kernel
+    # before this one (programmatic dependent launch); x is read and everything stored after the wait
+    w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        k_mask = ks < K
+        if k0 > 0:
+            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def gemv(x, weight, bias=None, out_dtype=None, *, device: DeviceInfo | None = None, config: GemvConfig | None = None):
+    """The Triton GEMV for x [1, K] and weight [N, K]; returns [1, N] in `out_dtype` (default x's dtype).
+    `config` overrides `gemv_config` (benchmarks sweep it)."""
+    tokens, k = x.shape
+    n = weight.shape[0]
+    if tokens > GEMV_MAX_TOKENS:
+        raise ValueError(f"the GEMV takes at most {GEMV_MAX_TOKENS} row; got {tokens}")
+    if weight.stride(-1) != 1:
+        raise ValueError("the GEMV needs the weight's last (K) dimension contiguous")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    device = device or device_for(x)
+    out = torch.empty((tokens, n), dtype=out_dtype or x.dtype, device=x.device)
+    if tokens == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand(tokens, n))
+    cfg = config or gemv_config(n, k)
+    pdl = dependent_launch(device)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
+        num_warps=cfg.num_warps, **pdl_options(pdl),
+    )  # fmt: skip
+    return out
+
+
+def linear_reference(x, weight, bias=None, out_dtype=None):
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def linear_triton(x, weight, bias=None, out_dtype=None):
+    # the GEMV for a decode step's one row; the GEMM (cuBLAS) for more
+    if x.shape[0] <= GEMV_MAX_TOKENS:
+        return gemv(x, weight, bias, out_dtype)
+    return linear_reference(x, weight, bias, out_dtype)
+
+
+dispatch.register(OP, linear_reference, linear_triton)
+
+
+def linear(x, weight, bias=None, out_dtype=None):
+    """y = x weight^T + bias, in `out_dtype` (default x's dtype).
+
+    Args:
+        x: [tokens, in_features].
+        weight: [out_features, in_features], same dtype as x.
+        bias: optional [out_features].
+        out_dtype: the output's dtype (the LM head asks for float32 logits).
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear expects x [tokens, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"linear expects x and weight of one dtype; got {x.dtype} and {weight.dtype}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be [{weight.shape[0]}]; got {tuple(bias.shape)}")
+    return dispatch.get_impl(OP, x.dtype, device_for(x))(x, weight, bias, out_dtype)

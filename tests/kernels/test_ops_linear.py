@@ -1,0 +1,151 @@
+"""The linear op: the Triton GEMV (interpreted on CPU) against float64, the GEMM for more rows, its tile rule,
+its errors, and on an sm_90 GPU that the GEMV launched early still reads the row the kernel before it writes."""
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels import dispatch
+from kernels.attention import pdl
+from kernels.device import device_for
+from kernels.ops import linear
+from kernels.ops.linear import OP, GemvConfig, gemv, gemv_config
+from llm.layers.embedding import LMHead
+from llm.layers.linear import Linear
+from tests.kernels.attention_helpers import DEV, ON_GPU
+
+linear_op = importlib.import_module("kernels.ops.linear")  # the module (kernels.ops.linear is the function)
+TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+def _want(x, w, b=None):
+    y = x.double() @ w.double().T
+    return y if b is None else y + b.double()
+
+
+def _assert_close(got, want, dtype):
+    err = ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    assert err <= TOLS[dtype], err
+
+
+@pytest.mark.parametrize("dtype", list(TOLS), ids=str)
+@pytest.mark.parametrize("n, k", [(1, 1), (5, 70), (33, 2053), (6, 4096)], ids=lambda v: str(v))
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_gemv_matches_float64(dtype, n, k, bias):
+    """Rows past N, a K under one step, a K with a mostly-masked second step (2053: steps of 1024), two full
+    steps of 2048; the output poisoned first, so a column left unwritten shows."""
+    torch.manual_seed(n * k)
+    x = torch.randn(1, k, device=DEV).to(dtype)
+    w = torch.randn(n, k, device=DEV).to(dtype)
+    b = torch.randn(n, device=DEV).to(dtype) if bias else None
+    got = gemv(x, w, b)
+    assert got.shape == (1, n) and got.dtype == dtype
+    _assert_close(got, _want(x, w, b), dtype)
+
+
+def test_gemv_writes_float32_logits_and_reads_strided_rows():
+    torch.manual_seed(0)
+    x = torch.randn(3, 40, device=DEV).to(torch.float16)[1:2, 4:36]  # one row of a wider tensor, offset
+    w = torch.randn(10, 32, device=DEV).to(torch.float16)
+    got = gemv(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    _assert_close(got, _want(x, w), torch.float16)
+
+
+def test_gemv_tile_rule():
+    assert gemv_config(2048, 2048) == GemvConfig(4, 2048, 4)
+    assert gemv_config(2048, 8192) == GemvConfig(4, 2048, 4)
+    assert gemv_config(4096, 11008) == GemvConfig(4, 1024, 4)  # not a multiple of 2048
+    assert gemv_config(4096, 3000) == GemvConfig(4, 1024, 4)
+    assert gemv_config(64, 100) == GemvConfig(4, 128, 4)  # one step covers a short K
+
+
+def test_gemv_config_override_gives_the_same_sums():
+    torch.manual_seed(1)
+    x = torch.randn(1, 300, device=DEV)
+    w = torch.randn(17, 300, device=DEV)
+    for cfg in (GemvConfig(1, 64, 2), GemvConfig(8, 512, 4)):
+        _assert_close(gemv(x, w, config=cfg), _want(x, w), torch.float32)
+
+
+def test_one_row_takes_the_gemv_and_more_rows_the_gemm(monkeypatch):
+    calls = []
+    real = linear_op.gemv
+    monkeypatch.setattr(linear_op, "gemv", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    impl = dispatch.get_impl(OP, torch.float32, device_for(torch.empty(0, device=DEV)), backend="triton")
+    w = torch.randn(12, 16, device=DEV)
+    b = torch.randn(12, device=DEV)
+    one, many = torch.randn(1, 16, device=DEV), torch.randn(3, 16, device=DEV)
+    _assert_close(impl(one, w, b), _want(one, w, b), torch.float32)
+    assert torch.equal(impl(many, w, b), F.linear(many, w, b))  # the GEMM itself
+    assert calls == [(1, 16)]
+    assert impl(torch.randn(0, 16, device=DEV), w).shape == (0, 12)
+
+
+def test_linear_layers_keep_their_shapes():
+    torch.manual_seed(2)
+    layer = Linear(16, 6, bias=True).to(DEV)
+    layer.weight.data.normal_()
+    layer.bias.data.normal_()
+    x = torch.randn(2, 3, 16, device=DEV)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    head = LMHead(50, 16).to(DEV)
+    head.weight.data.normal_()
+    logits = head(torch.randn(1, 16, device=DEV).to(torch.float16).float().to(torch.float32))
+    assert logits.dtype == torch.float32 and logits.shape == (1, 50)
+
+
+def test_linear_rejects_bad_input():
+    w = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="x \\[tokens, K\\]"):
+        linear(torch.randn(2, 7), w)
+    with pytest.raises(ValueError, match="one dtype"):
+        linear(torch.randn(2, 8, dtype=torch.float16), w)
+    with pytest.raises(ValueError, match="bias must be \\[4\\]"):
+        linear(torch.randn(2, 8), w, torch.randn(5))
+    with pytest.raises(ValueError, match="at most 1 row"):
+        gemv(torch.randn(2, 8), w)
+    with pytest.raises(ValueError, match="contiguous"):
+        gemv(torch.randn(1, 8), torch.randn(8, 4).T)
+
+
+@triton.jit
+def _late_fill_kernel(ptr, value, DELAY_NS: tl.constexpr, N: tl.constexpr):
+    """Lets the next kernel launch at once, waits DELAY_NS on the GPU's clock, then fills N elements."""
+    pdl.gdc_launch_dependents()
+    now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    end = now + DELAY_NS
+    while now < end:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(ptr + tl.arange(0, N), tl.full([N], value, ptr.dtype.element_ty))
+
+
+@pytest.mark.skipif(not SM90_GPU, reason="programmatic dependent launch needs an sm_90 (or newer) GPU")
+def test_the_gemv_launched_early_reads_the_row_written_late():
+    """The GEMV loads weights before its dependent-launch wait and its input row after: here the kernel before it
+    writes that row 50 ms after letting it launch, and the product must be of the new row."""
+    assert pdl.dependent_launch(device_for(torch.empty(1, device=DEV)))
+    w = torch.randn(4096, 2048, device=DEV, dtype=torch.float16)
+    x = torch.zeros(1, 2048, device=DEV, dtype=torch.float16)
+    gemv(x, w)  # compiled and loaded: the timed call below launches within microseconds of the writer
+    torch.cuda.synchronize()
+    _late_fill_kernel[(1,)](x, 1.0, DELAY_NS=50_000_000, N=2048, **pdl.pdl_options(True))
+    y = gemv(x, w)
+    torch.cuda.synchronize()
+    _assert_close(y, _want(torch.ones_like(x), w), torch.float16)
+
+
+@pytest.mark.skipif(not SM90_GPU, reason="programmatic dependent launch needs an sm_90 (or newer) GPU")
+def test_dependent_launch_changes_no_gemv_bit():
+    torch.manual_seed(3)
+    x = torch.randn(1, 4096, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(5000, 4096, device=DEV, dtype=torch.bfloat16)
+    dependent = gemv(x, w)
+    with pdl.without_dependent_launch(device_for(x)):
+        plain = gemv(x, w)
+    assert torch.equal(dependent, plain)
