@@ -9,7 +9,11 @@ starts while the kernel before it still runs. The products accumulate in fp32 on
 weight element is far under their rate) and the sum is rounded once to the output dtype.
 
 Two or more rows go to torch's GEMM (cuBLAS): this kernel, sweeping its weight tile once per row, measured
-slower than cuBLAS from two rows on (benchmarks/results/gemv_NVIDIA_H200.md). The reference is `F.linear`.
+slower than cuBLAS from two rows on (benchmarks/results/gemv_NVIDIA_H200.md). So does a row launched eagerly on a
+GPU: launching a Triton kernel from Python costs the host some 40-50 us on the H200's host against about 10 for
+cuBLAS, and an eager decode step is host-bound (the engine bench's eager batch-1 rate fell from 123 to 85 steps/s
+with the GEMV); the GEMV runs where a CUDA graph captures it (the engine's decode steps), so replays pay no host
+cost, and in the interpreter (tests). The reference is `F.linear`.
 """
 
 from __future__ import annotations
@@ -37,16 +41,15 @@ class GemvConfig:
 
 
 def gemv_config(n: int, k: int) -> GemvConfig:
-    """The GEMV's tiles for W [n, k]: 4 rows of W per program, read 2048 columns (16 KB in 16-bit types) at a
-    time where K is a multiple of 2048, else 1024 (a last step mostly past the end cost 10% at K = 11008).
+    """The GEMV's tiles for W [n, k]: 4 rows of W per program, read 1024 columns at a time (8 KB in 16-bit types;
+    one step covers a shorter K).
 
-    An H200 sweep (benchmarks/results/gemv_NVIDIA_H200.md) of 1-32 rows by 256-2048 columns over the
-    projections of 1B and 7B Llama shapes found 4 x 2048 (or 4 x 1024) within 6% of the best on each, and
-    bigger or smaller tiles slower on some: fewer rows per program leave too little of W in flight per SM,
-    more leave too few programs for N = 2048.
+    An H200 sweep (benchmarks/results/gemv_NVIDIA_H200.md: 1-16 rows by 512-2048 columns, over the projections
+    of Llama 1B and Llama 2 7B layers and their LM heads) found 4 x 1024 within 9% of each shape's best tile (3%
+    on average). Every other tile was 14-74% slower on some shape: fewer rows per program leave too little of W
+    in flight per SM, more leave too few programs for N = 2048, wider steps spill registers.
     """
-    block_k = 2048 if k % 2048 == 0 else 1024
-    return GemvConfig(4, min(block_k, triton.next_power_of_2(k)), 4)
+    return GemvConfig(4, min(1024, triton.next_power_of_2(k)), 4)
 
 
 @triton.jit
@@ -110,9 +113,17 @@ def linear_reference(x, weight, bias=None, out_dtype=None):
     return y if out_dtype is None else y.to(out_dtype)
 
 
+def takes_gemv(x) -> bool:
+    """Whether `x`'s product runs the GEMV: one row, captured into a CUDA graph or interpreted (the module's
+    docstring says why not eagerly on a GPU)."""
+    if x.shape[0] > GEMV_MAX_TOKENS:
+        return False
+    return not x.is_cuda or torch.cuda.is_current_stream_capturing()
+
+
 def linear_triton(x, weight, bias=None, out_dtype=None):
-    # the GEMV for a decode step's one row; the GEMM (cuBLAS) for more
-    if x.shape[0] <= GEMV_MAX_TOKENS:
+    # the GEMV for a graph-captured decode step's one row; the GEMM (cuBLAS) otherwise
+    if takes_gemv(x):
         return gemv(x, weight, bias, out_dtype)
     return linear_reference(x, weight, bias, out_dtype)
 
