@@ -70,6 +70,7 @@ def test_gemv_config_override_gives_the_same_sums():
         _assert_close(gemv(x, w, config=cfg), _want(x, w), torch.float32)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU an eager row takes the GEMM: the CUDA-graph test below")
 def test_one_row_takes_the_gemv_and_more_rows_the_gemm(monkeypatch):
     calls = []
     real = linear_op.gemv
