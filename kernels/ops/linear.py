@@ -41,15 +41,17 @@ class GemvConfig:
 
 
 def gemv_config(n: int, k: int) -> GemvConfig:
-    """The GEMV's tiles for W [n, k]: 4 rows of W per program, read 1024 columns at a time (8 KB in 16-bit types;
-    one step covers a shorter K).
+    """The GEMV's tiles for W [n, k]: 8 rows of W per program, read 1024 columns at a time (16 KB in 16-bit
+    types; one step covers a shorter K).
 
-    An H200 sweep (benchmarks/results/gemv_NVIDIA_H200.md: 1-16 rows by 512-2048 columns, over the projections
-    of Llama 1B and Llama 2 7B layers and their LM heads) found 4 x 1024 within 9% of each shape's best tile (3%
-    on average). Every other tile was 14-74% slower on some shape: fewer rows per program leave too little of W
-    in flight per SM, more leave too few programs for N = 2048, wider steps spill registers.
+    Chosen on an H200 in the engine's batch-1 decode step (llama-1b shape, bf16, CUDA graphs; 2026-12-01, one
+    lease, two interleaved rounds): 8 x 1024 and 4 x 2048 ran 1152-1156 steps/s, 4 x 1024 1140-1143 and 8 x 2048
+    1094-1097. Alone (benchmarks/results/gemv_NVIDIA_H200.md sweeps 1-16 rows by 512-2048 columns over the
+    projections of Llama 1B and Llama 2 7B layers and their LM heads) 8 x 1024 is within 14% of each shape's best
+    tile and 4% on average; in the step, the first tile each program loads before its dependent-launch wait is
+    what the kernel before it hides, so the larger first tiles gain there.
     """
-    return GemvConfig(4, min(1024, triton.next_power_of_2(k)), 4)
+    return GemvConfig(8, min(1024, triton.next_power_of_2(k)), 4)
 
 
 @triton.jit

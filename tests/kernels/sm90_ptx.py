@@ -108,7 +108,7 @@ def main() -> None:
         ),
         # the ops of a decode step (kernels/ops): the GEMV of one row at llama-1b's o_proj shape, and the small kernels
         "gemv": before_wait(
-            compile_ptx(_gemv_kernel, dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=1024, PDL=True),
+            compile_ptx(_gemv_kernel, dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=1024, PDL=True),
                         divisible=("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_wn"))
         ),
         "rms_norm": before_wait(compile_ptx(_rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=2048, PDL=True))),

@@ -83,10 +83,10 @@ def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(s
 
 
 def test_decode_step_ops_wait_before_reading_the_previous_kernels_output(sm90_ptx):
-    """The GEMV (kernels/ops/linear.py) loads only its first weight tile before griddepcontrol.wait: 4 rows x 1024
-    fp16 columns, 4 16-byte loads a thread; its input row after it. RMSNorm, rotary and SiLU-and-mul read nothing
+    """The GEMV (kernels/ops/linear.py) loads only its first weight tile before griddepcontrol.wait: 8 rows x 1024
+    fp16 columns, 8 16-byte loads a thread; its input row after it. RMSNorm, rotary and SiLU-and-mul read nothing
     before it. Each lets the next kernel launch at its start, so a GEMV after it reads weights while it runs."""
-    assert sm90_ptx["gemv"] == {"before": ["ld.global"] * 4, "launches_dependents": True, "launches": 1}
+    assert sm90_ptx["gemv"] == {"before": ["ld.global"] * 8, "launches_dependents": True, "launches": 1}
     for op in ("rms_norm", "rotary", "silu_and_mul"):
         assert sm90_ptx[op] == {"before": [], "launches_dependents": True, "launches": 1}, op
 

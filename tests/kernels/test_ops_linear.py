@@ -57,9 +57,9 @@ def test_gemv_writes_float32_logits_and_reads_strided_rows():
 
 
 def test_gemv_tile_rule():
-    assert gemv_config(2048, 2048) == GemvConfig(4, 1024, 4)
-    assert gemv_config(4096, 11008) == GemvConfig(4, 1024, 4)
-    assert gemv_config(64, 100) == GemvConfig(4, 128, 4)  # one step covers a short K
+    assert gemv_config(2048, 2048) == GemvConfig(8, 1024, 4)
+    assert gemv_config(4096, 11008) == GemvConfig(8, 1024, 4)
+    assert gemv_config(64, 100) == GemvConfig(8, 128, 4)  # one step covers a short K
 
 
 def test_gemv_config_override_gives_the_same_sums():
