@@ -123,6 +123,21 @@ def test_linear_layers_keep_their_shapes():
     assert logits.dtype == torch.float32 and logits.shape == (1, 50)
 
 
+def test_a_layers_rows_beyond_the_gemvs_skip_the_dispatch(monkeypatch):
+    """Both implementations run the GEMM there, so the layer calls it without the dispatch's host cost."""
+    layer = Linear(8, 4).to(DEV)
+    layer.weight.data.normal_()
+    x = torch.randn(3, 8, device=DEV)
+
+    def no_dispatch(*args, **kwargs):
+        raise AssertionError("dispatched")
+
+    monkeypatch.setattr(dispatch, "get_impl", no_dispatch)
+    assert torch.equal(layer(x), F.linear(x, layer.weight))
+    with pytest.raises(AssertionError, match="dispatched"):
+        layer(x[:1])  # one row: the GEMV's or the GEMM's, as the dispatch decides
+
+
 def test_linear_rejects_bad_input():
     w = torch.randn(4, 8)
     with pytest.raises(ValueError, match="x \\[tokens, K\\]"):
