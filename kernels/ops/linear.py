@@ -10,10 +10,10 @@ weight element is far under their rate) and the sum is rounded once to the outpu
 
 Two or more rows go to torch's GEMM (cuBLAS): this kernel, sweeping its weight tile once per row, measured
 slower than cuBLAS from two rows on (benchmarks/results/gemv_NVIDIA_H200.md). So does a row launched eagerly on a
-GPU: launching a Triton kernel from Python costs the host some 40-50 us on the H200's host against about 10 for
-cuBLAS, and an eager decode step is host-bound (the engine bench's eager batch-1 rate fell from 123 to 85 steps/s
-with the GEMV); the GEMV runs where a CUDA graph captures it (the engine's decode steps), so replays pay no host
-cost, and in the interpreter (tests). The reference is `F.linear`.
+GPU: an eager decode step is host-bound, and a Triton launch from Python costs the host more than cuBLAS's 12.5 us
+(the engine bench's eager batch-1 rate fell from 123 to 85 steps/s with the GEMV in eager steps,
+benchmarks/results/engine.md). The GEMV runs where a CUDA graph captures it (the engine's decode steps), whose
+replays cost the host nothing per kernel, and in the interpreter (tests). The reference is `F.linear`.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class Linear(nn.Module):
         copy_weight(param.data[start:end], loaded, f"of piece {shard!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in_features] -> [..., out_features]; a decode step's few rows take the GEMV (kernels.ops.linear)
+        # x: [..., in_features] -> [..., out_features]; a graph-captured decode step's one row takes the GEMV
         if x.dim() == 2:
             if x.shape[0] > GEMV_MAX_TOKENS:  # the GEMM whatever the backend (kernels.ops.linear), without the
                 return F.linear(x, self.weight, self.bias)  # dispatch's host cost (4 us a call on the H200's host)
