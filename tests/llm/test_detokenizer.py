@@ -12,6 +12,7 @@ no delta ever holding U+FFFD; stop strings are cut and never leak partially.
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 
@@ -31,14 +32,26 @@ def sentencepiece_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizer
+    trainer = trainers.BpeTrainer(vocab_size=160, special_tokens=["<unk>", "<s>", "</s>"])
+    trained.train_from_iterator(
+        ["hello world the quick brown fox jumps over the lazy dog, please describe"] * 4, trainer
+    )
+    # the byte tokens <0x00>..<0xFF> are ordinary vocabulary, as in Llama 2's tokenizer.json (marked special, a
+    # decode that skips special tokens would drop every character outside the vocabulary)
+    vocab = trained.get_vocab()
+    vocab.update({f"<0x{i:02X}>": len(vocab) + i for i in range(256)})
+    merges = [
+        tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in json.loads(trained.to_str())["model"]["merges"]
+    ]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
-    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens])
-    tok.train_from_iterator(["hello world the quick brown fox jumps over the lazy dog, please describe"] * 4, trainer)
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
