@@ -7,6 +7,13 @@ window, the tokens since the last released text plus the few before them, and
 releases only the new text, and only once it no longer ends in U+FFFD (or
 the pending bytes cannot be one character any more).
 
+With a fast (Rust-backed) tokenizer the window is kept by `tokenizers.decoders.DecodeStream`, the same
+algorithm in Rust with the window's prefix text cached between releases: one call per token instead of two
+decodes from Python (1.4-1.6x less host time per token with the test tokenizers, the demo model's and
+Gemma 3's). The window offsets are mirrored
+here, so a forced release (below), an unexpected decode, the end of generation and pickling all go through the
+Python window, and the stream restarts from its offsets.
+
 Stop strings: text that could be the start of a stop string is held back until
 it either completes the stop string (generation stops; the text ends before it,
 or after it with `include_stop_str_in_output`) or stops matching it.
@@ -15,6 +22,11 @@ or after it with `include_stop_str_in_output`) or stops matching it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+try:  # tokenizers >= 0.22: a DecodeStream may start from context ids
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # an older tokenizers: the Python window only
+    DecodeStream = None
 
 # Prompt tokens kept as left context of the first decode window.
 PROMPT_CONTEXT = 6
@@ -53,9 +65,45 @@ class IncrementalDetokenizer:
         self._text = ""  # decoded so far, released or held back
         self._released = 0  # chars of _text handed out
         self.stop_string: str | None = None  # the stop string that ended the text, if any
-        backend = getattr(tokenizer, "_tokenizer", None)  # the Rust `tokenizers.Tokenizer` of a fast tokenizer
-        plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        self._backend_decode = backend.decode if plain and callable(getattr(backend, "decode", None)) else None
+        self._stream_ok = True  # until a DecodeStream fails
+        self._attach_backend()
+
+    def _attach_backend(self) -> None:
+        """The Rust `tokenizers.Tokenizer` of a fast tokenizer whose decode needs no Python cleanup, and a
+        DecodeStream over it where one can start."""
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        plain = not getattr(self.tokenizer, "clean_up_tokenization_spaces", False)
+        self._backend = backend if plain and callable(getattr(backend, "decode", None)) else None
+        self._backend_decode = self._backend.decode if self._backend is not None else None
+        self._stream_ok = self._stream_ok and self._backend is not None and DecodeStream is not None
+        self._stream = self._new_stream()
+
+    def _new_stream(self):
+        """A DecodeStream whose window is this detokenizer's: context ids[prefix:read], then the pending ids (none
+        pending after a release). None without a fast tokenizer or a DecodeStream that takes context ids, after a
+        stream failed, and while the context's text ends in U+FFFD: a DecodeStream started from such a context
+        releases that character again (the window path runs until its next release, then a stream restarts)."""
+        if not self._stream_ok:
+            return None
+        context = self._ids[self._prefix_offset : self._read_offset]
+        if self._decode(context).endswith(REPLACEMENT_CHAR):
+            return None
+        try:
+            stream = DecodeStream(ids=context, skip_special_tokens=self.skip_special_tokens)
+            for token_id in self._ids[self._read_offset :]:  # they released nothing before, and do not now
+                stream.step(self._backend, token_id)
+        except (TypeError, ValueError, RuntimeError, OverflowError):  # a DecodeStream without `ids`, odd ids
+            self._stream_ok = False
+            return None
+        return stream
+
+    def __getstate__(self) -> dict:
+        # a DecodeStream does not pickle: a copy restarts one from the mirrored offsets
+        return {k: v for k, v in self.__dict__.items() if k not in ("_stream", "_backend", "_backend_decode")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._attach_backend()
 
     @property
     def text(self) -> str:
@@ -87,7 +135,21 @@ class IncrementalDetokenizer:
         """
         if self.stopped:
             return ""
-        self._ids.append(int(token_id))
+        token_id = int(token_id)
+        self._ids.append(token_id)
+        if self._stream is not None:
+            try:
+                piece = self._stream.step(self._backend, token_id)
+            except Exception:  # noqa: BLE001 - e.g. a decode that no longer starts with its prefix: the window
+                self._stream, self._stream_ok = None, False
+            else:
+                if piece is not None:  # the same release as the window's below, offsets moved alike
+                    self._text += piece
+                    self._prefix_offset = self._read_offset
+                    self._read_offset = len(self._ids)
+                    return self._release(check_stop, final=False)
+                if len(self._ids) - self._read_offset < MAX_CHAR_TOKENS:  # an open character, or no new text
+                    return self._release(check_stop, final=False)
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = self._decode(self._ids[self._prefix_offset :])
         open_char = new_text.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_CHAR_TOKENS
@@ -95,6 +157,8 @@ class IncrementalDetokenizer:
             self._text += new_text[len(prefix_text) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
+            if self._stream_ok:  # the window released (what a stream held back, invalid bytes): a stream again
+                self._stream = self._new_stream()
         return self._release(check_stop, final=False)
 
     def flush(self) -> str:

