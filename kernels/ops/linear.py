@@ -13,7 +13,8 @@ slower than cuBLAS from two rows on (benchmarks/results/gemv_NVIDIA_H200.md). So
 GPU: an eager decode step is host-bound, and a Triton launch from Python costs the host more than cuBLAS's 12.5 us
 (the engine bench's eager batch-1 rate fell from 123 to 85 steps/s with the GEMV in eager steps,
 benchmarks/results/engine.md). The GEMV runs where a CUDA graph captures it (the engine's decode steps), whose
-replays cost the host nothing per kernel, and in the interpreter (tests). The reference is `F.linear`.
+replays cost the host nothing per kernel, on GPUs with programmatic dependent launch (sm_90 and newer: the H200
+is where it was measured), and in the interpreter (tests). The reference is `F.linear`.
 """
 
 from __future__ import annotations
@@ -116,11 +117,15 @@ def linear_reference(x, weight, bias=None, out_dtype=None):
 
 
 def takes_gemv(x) -> bool:
-    """Whether `x`'s product runs the GEMV: one row, captured into a CUDA graph or interpreted (the module's
-    docstring says why not eagerly on a GPU)."""
+    """Whether `x`'s product runs the GEMV: one row, interpreted (tests), or captured into a CUDA graph on a GPU
+    with programmatic dependent launch (sm_90 and newer). The module's docstring says why not eagerly; without
+    dependent launch the GEMV loses the head start its gains were measured with (on the H200), and no other
+    arch was measured, so they keep cuBLAS."""
     if x.shape[0] > GEMV_MAX_TOKENS:
         return False
-    return not x.is_cuda or torch.cuda.is_current_stream_capturing()
+    if not x.is_cuda:
+        return True
+    return torch.cuda.is_current_stream_capturing() and dependent_launch(device_for(x))
 
 
 def linear_triton(x, weight, bias=None, out_dtype=None):

@@ -85,6 +85,25 @@ def test_one_row_takes_the_gemv_and_more_rows_the_gemm(monkeypatch):
     assert impl(torch.randn(0, 16, device=DEV), w).shape == (0, 12)
 
 
+def test_only_a_captured_row_on_an_arch_with_dependent_launch_takes_the_gemv(monkeypatch):
+    """The GEMV's gains were measured on sm_90 with dependent launch; older archs keep cuBLAS (GPU-free: the
+    capture state and the device are stood in for)."""
+    from types import SimpleNamespace
+
+    from kernels.device import TritonMode
+    from tests.kernels.attention_helpers import sim_device
+
+    row = SimpleNamespace(shape=(1, 64), is_cuda=True)
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    for cap, expected in (((9, 0), True), ((10, 0), True), ((8, 0), False), ((8, 9), False), ((7, 5), False)):
+        monkeypatch.setattr(linear_op, "device_for", lambda x, cap=cap: sim_device(cap, mode=TritonMode.COMPILED))
+        assert linear_op.takes_gemv(row) == expected, cap
+    capturing[0] = False  # eager: cuBLAS on every arch
+    assert not linear_op.takes_gemv(row)
+    assert not linear_op.takes_gemv(SimpleNamespace(shape=(2, 64), is_cuda=True))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_on_a_gpu_one_row_takes_the_gemv_only_inside_a_cuda_graph(monkeypatch):
     """Eagerly the launch's host cost would outweigh what the GEMV saves on the GPU (the module says why)."""
