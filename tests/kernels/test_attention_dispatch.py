@@ -74,6 +74,18 @@ def test_cpu_runs_the_reference_unless_triton_is_forced():
             dispatch.choose(attention.DECODE, torch.float16, cpu, "triton")
 
 
+def test_a_forced_triton_without_triton_fails_loudly_and_float64_takes_the_reference():
+    gone = sim_device((9, 0), mode=TritonMode.UNAVAILABLE)
+    assert dispatch.choose(attention.DECODE, torch.float16, gone, "auto") == "torch"
+    with pytest.raises(dispatch.KernelUnavailableError, match="Triton cannot run here"):
+        dispatch.choose(attention.DECODE, torch.float16, gone, "triton")
+    gpu = sim_device((9, 0), mode=TritonMode.COMPILED)
+    for op in dispatch.registered_ops():
+        assert dispatch.choose(op, torch.float64, gpu, "auto") == "torch", op
+    with pytest.raises(dispatch.KernelUnavailableError, match="float64"):
+        dispatch.choose(attention.DECODE, torch.float64, gpu, "triton")
+
+
 def test_bf16_kernel_call_on_pre_ampere_fails_with_a_clear_error():
     from kernels.attention import decode
 

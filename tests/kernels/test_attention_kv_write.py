@@ -31,3 +31,19 @@ def test_kv_write_from_strided_rows():
     v_cache = torch.zeros_like(k_cache)
     kv_write.write_kv_cache(k, v, k_cache, v_cache, torch.arange(5, device=DEV) * 3)
     assert torch.equal(k_cache.view(-1, 2, 64)[::3][:5], k) and torch.equal(v_cache.view(-1, 2, 64)[::3][:5], v)
+
+
+def test_kv_write_of_k_and_v_in_different_layouts_and_five_heads():
+    """As the engine writes them: k contiguous (the rotary's output), v a view into the fused qkv rows; 5 KV heads
+    (not a power of two: the kernel's head block is 8, and the 3 extra heads must not spill into the next slot)."""
+    tokens, heads, dim, page = 6, 5, 64, 16
+    qkv = torch.randn(tokens, 3 * heads * dim, device=DEV, dtype=torch.float16)
+    k = qkv[:, heads * dim : 2 * heads * dim].reshape(tokens, heads, dim).contiguous()
+    v = qkv[:, 2 * heads * dim :].view(tokens, heads, dim)
+    assert k.stride(0) != v.stride(0)
+    caches = [torch.randn(3, page, heads, dim, device=DEV, dtype=torch.float16) for _ in range(2)]
+    expected = [c.clone() for c in caches]
+    slots = torch.tensor([0, 1, 2, 17, 18, 40], device=DEV)  # neighbouring slots: a spill would overwrite one
+    kv_write.write_kv_cache(k, v, caches[0], caches[1], slots)
+    reference.write_kv_cache(k, v, expected[0], expected[1], slots)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])

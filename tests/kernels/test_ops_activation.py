@@ -23,6 +23,14 @@ def test_triton_matches_reference(dtype, inter, act):
     torch.testing.assert_close(got.float(), want, rtol=TOLS[dtype], atol=TOLS[dtype])
 
 
+@pytest.mark.parametrize("act", list(OPS))
+def test_triton_reads_rows_of_a_wider_buffer(act):
+    name, reference = OPS[act]
+    x = torch.randn(3, 2 * 40 + 24, device=DEV)[:, 8 : 8 + 2 * 40]  # row stride 104, not 2 * inter
+    got = dispatch.get_impl(name, torch.float32, backend="triton")(x)
+    torch.testing.assert_close(got, reference(x), rtol=1e-5, atol=1e-5)
+
+
 def test_references_match_transformers_activations():
     from transformers.activations import ACT2FN
 

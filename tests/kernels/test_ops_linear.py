@@ -56,6 +56,23 @@ def test_gemv_writes_float32_logits_and_reads_strided_rows():
     _assert_close(got, _want(x, w), torch.float16)
 
 
+def test_gemv_reads_a_weight_of_wider_rows_and_an_x_of_spaced_columns():
+    """W a slice of a wider matrix (its row stride is not K); x a column of a wider tensor (last stride 2)."""
+    torch.manual_seed(5)
+    wide = torch.randn(12, 300, device=DEV)
+    w = wide[:, 20:276]  # [12, 256], row stride 300
+    x = torch.randn(256, 2, device=DEV)[:, 0].unsqueeze(0)  # [1, 256], last stride 2
+    assert w.stride(0) == 300 and x.stride(-1) == 2
+    _assert_close(gemv(x, w), _want(x, w), torch.float32)
+
+
+def test_gemv_of_an_empty_k_is_the_bias():
+    w = torch.empty(3, 0, device=DEV)
+    b = torch.tensor([1.0, -2.0, 0.5], device=DEV)
+    assert torch.equal(gemv(torch.empty(1, 0, device=DEV), w, b), b[None])
+    assert torch.equal(gemv(torch.empty(1, 0, device=DEV), w), torch.zeros(1, 3, device=DEV))
+
+
 def test_gemv_tile_rule():
     assert gemv_config(2048, 2048) == GemvConfig(8, 1024, 4)
     assert gemv_config(4096, 11008) == GemvConfig(8, 1024, 4)
@@ -78,7 +95,7 @@ def test_one_row_takes_the_gemv_and_more_rows_the_gemm(monkeypatch):
     impl = dispatch.get_impl(OP, torch.float32, device_for(torch.empty(0, device=DEV)), backend="triton")
     w = torch.randn(12, 16, device=DEV)
     b = torch.randn(12, device=DEV)
-    one, many = torch.randn(1, 16, device=DEV), torch.randn(3, 16, device=DEV)
+    one, many = torch.randn(1, 16, device=DEV), torch.randn(2, 16, device=DEV)  # two rows: already the GEMM
     _assert_close(impl(one, w, b), _want(one, w, b), torch.float32)
     assert torch.equal(impl(many, w, b), F.linear(many, w, b))  # the GEMM itself
     assert calls == [(1, 16)]

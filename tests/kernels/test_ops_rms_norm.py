@@ -37,6 +37,34 @@ def test_triton_handles_strided_rows():
     torch.testing.assert_close(got, rms_norm_reference(x, w, 1e-5), rtol=1e-5, atol=1e-5)
 
 
+def test_triton_adds_eps_and_reads_a_residual_of_another_layout():
+    """A zero row normalises to zeros (eps keeps it finite), a large eps shows in every row, and the residual is
+    read with its own row stride (here a slice of a wider buffer, x contiguous)."""
+    x = torch.randn(3, 64, device=DEV)
+    x[1] = 0.0
+    residual = torch.randn(3, 200, device=DEV)[:, 10:74]
+    residual[1] = 0.0
+    w = torch.rand(64, device=DEV)
+    impl = dispatch.get_impl(OP, torch.float32, backend="triton")
+    for eps in (1e-6, 0.5):
+        out, new_res = impl(x, w, eps, residual)
+        want, want_res = rms_norm_reference(x, w, eps, residual)
+        torch.testing.assert_close(new_res, want_res)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out[1], torch.zeros(64, device=DEV))
+
+
+def test_public_function_passes_gemmas_weight_offset():
+    x, w = torch.randn(2, 32, device=DEV), torch.randn(32, device=DEV)
+    for backend in ("torch", "triton"):
+        settings.set_backend(backend)
+        try:
+            got = rms_norm(x, w, 1e-6, weight_offset=1.0)
+        finally:
+            settings.set_backend("auto")
+        torch.testing.assert_close(got, rms_norm_reference(x, w, 1e-6, weight_offset=1.0), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_reference_matches_transformers(dtype):
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm

@@ -86,3 +86,8 @@ def test_reference_gptj_matches_transformers_gptj():
 def test_rejects_cache_width_mismatch():
     with pytest.raises(ValueError, match="rotary_dim"):
         apply_rotary(torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.arange(2), _cache(4, 16), rotary_dim=8)
+
+
+def test_rejects_an_odd_rotary_dim():
+    with pytest.raises(ValueError, match="must be even"):
+        apply_rotary(torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.arange(2), _cache(4, 7), rotary_dim=7)
