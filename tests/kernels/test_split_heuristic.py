@@ -346,3 +346,25 @@ def test_a_planned_split_count_runs_the_config_it_was_planned_with(sm_count):
                 q, k_cache, tables = plan_inputs(batch, ctx, kv_heads=kv_heads)
                 count, config = decode_plan(q, k_cache, tables, dev)
                 assert decode_plan(q, k_cache, tables, dev, count) == (count, config), (kv_heads, batch, ctx)
+
+
+def test_the_plan_is_the_one_the_committed_h200_result_measured():
+    """On a simulated H200 (its SM count, sm_90, compiled) the plan picks, for each of the 32 decode shapes of
+    benchmarks/results/attention_NVIDIA_H200.json, the config and split count that run measured: a change of the
+    wave model or the config choice shows here until the benchmark is run again (shapes only: meta tensors)."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.attention import HEAD_DIM, PAGE, config_name
+    from kernels.device import TritonMode
+
+    result = json.loads((Path(__file__).parents[2] / "benchmarks/results/attention_NVIDIA_H200.json").read_text())
+    device = sim_device((9, 0), sm_count=result["sm_count"], mode=TritonMode.COMPILED)
+    assert len(result["decode"]) == 32
+    for row in result["decode"]:
+        dtype = getattr(torch, row["dtype"])
+        q = torch.empty(row["batch"], row["q_heads"], HEAD_DIM, dtype=dtype, device="meta")
+        k_cache = torch.empty(8, PAGE, row["kv_heads"], HEAD_DIM, dtype=dtype, device="meta")
+        tables = torch.empty(row["batch"], row["ctx"] // PAGE, dtype=torch.int32, device="meta")
+        count, config = decode_plan(q, k_cache, tables, device)
+        assert (count, config_name(config)) == (row["heuristic_splits"], row["heuristic_config"]), row
