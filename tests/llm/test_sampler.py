@@ -112,3 +112,48 @@ def test_logprobs_of_the_sampled_token_and_top_n():
     for tid, lp in entry.items():
         assert lp == pytest.approx(ref[tid].item(), abs=1e-5)
     assert out.logprobs[1] is None
+
+
+def test_a_batch_of_greedy_and_sampled_rows_keeps_the_greedy_rows_argmax():
+    logits = torch.randn(64, V)
+    rows = [seq(SamplingParams(temperature=0 if i % 2 else 1.0)) for i in range(64)]
+    out = sampler()(logits, rows).token_ids
+    assert [out[i] for i in range(1, 64, 2)] == logits[1::2].argmax(-1).tolist()
+    assert [out[i] for i in range(0, 64, 2)] != logits[0::2].argmax(-1).tolist()  # 32 draws, not all the argmax
+
+
+def test_penalties_apply_to_their_rows_in_a_mixed_batch():
+    """Each penalty alone, next to a row without one: the penalised row's repeated token loses, the plain row's
+    does not (through the sampler's public call, which gates the penalty pass on the batch)."""
+    logits = torch.zeros(2, V)
+    logits[:, 5] = 1.0  # token 5 leads token 0 by 0.5 and was already generated twice
+    logits[:, 0] = 0.5
+    for penalty in (dict(repetition_penalty=3.0), dict(presence_penalty=1.5), dict(frequency_penalty=0.8)):
+        rows = [
+            seq(SamplingParams(temperature=0), output=(5, 5)),
+            seq(SamplingParams(temperature=0, **penalty), output=(5, 5)),
+        ]
+        assert sampler()(logits.clone(), rows).token_ids[0] == 5
+        assert sampler()(logits.clone(), rows).token_ids[1] != 5, penalty
+
+
+def test_each_row_gets_the_number_of_logprobs_it_asked_for():
+    logits = torch.randn(3, V)
+    rows = [seq(SamplingParams(temperature=0, logprobs=n)) for n in (1, 4, 0)]
+    out = sampler()(logits, rows)
+    assert [len(entry) for entry in out.logprobs] == [1, 4, 1]  # the top n, holding the sampled token (n=0: it only)
+
+
+def test_min_tokens_leaves_eos_alone_when_the_request_ignores_eos():
+    logits = torch.zeros(1, V)
+    logits[0, EOS] = 10.0
+    out = sampler()(logits, [seq(SamplingParams(temperature=0, min_tokens=3, ignore_eos=True))])
+    assert out.token_ids == [EOS]  # with ignore_eos, EOS is an ordinary token: nothing to hold back
+
+
+def test_a_seeded_request_draws_new_noise_every_step():
+    logits = torch.zeros(1, V)  # uniform: each step's draw is the noise alone
+    s = seq(SamplingParams(seed=7, temperature=1.0))
+    smp = sampler()
+    draws = [smp(logits, [s]).token_ids[0] for _ in range(12)]
+    assert len(set(draws)) > 3

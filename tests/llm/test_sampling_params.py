@@ -24,12 +24,23 @@ from llm.sampling_params import SamplingParams
         (dict(min_tokens=5, max_tokens=3), "min_tokens"),
         (dict(logprobs=50), "logprobs"),
         (dict(stop_token_ids=[-1]), "stop_token_ids"),
+        (dict(min_tokens=-1), "min_tokens"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_invalid_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(InvalidRequestError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_the_edges_of_each_range_are_valid():
+    SamplingParams(presence_penalty=2.0, frequency_penalty=-2.0, min_p=1.0, top_p=1.0, logprobs=20)
+    SamplingParams(min_tokens=4, max_tokens=4, stop_token_ids=[0])
+
+
+@pytest.mark.parametrize("field", ["repetition_penalty", "presence_penalty", "frequency_penalty"])
+def test_each_penalty_alone_counts_as_using_penalties(field):
+    assert SamplingParams(**{field: 1.5}).uses_penalties
 
 
 def test_normalisation():
