@@ -138,8 +138,9 @@ def test_invalid_bytes_are_released_instead_of_held_forever():
     lone = next(i for i in range(len(tok)) if tok.decode([i]) == "\ufffd")
     detok = IncrementalDetokenizer(tok, [])
     deltas = [detok.add_token(lone) for _ in range(12)]
-    assert sum(len(d) for d in deltas) >= 8 and set("".join(deltas)) == {"\ufffd"}
+    assert sum(len(d) for d in deltas) == 12 and set("".join(deltas)) == {"\ufffd"}
     assert deltas[:3] == ["", "", ""]  # the first pending bytes could still have become one character
+    assert deltas[3] == "\ufffd" * 4  # four pending tokens can no longer be one character: released
 
 
 def _deltas(tok, prompt, ids, stream: bool, **kwargs):
@@ -216,3 +217,41 @@ def test_the_rust_stream_matches_the_window_on_gemma_3s_real_vocabulary():
         ids = [rng.randrange(300) if rng.random() < 0.2 else rng.randrange(len(tok)) for _ in range(80)]
         kwargs = dict(skip_special_tokens=bool(trial % 2), stop=["the"] if trial % 5 == 0 else [])
         assert _deltas(tok, prompt, ids, True, **kwargs) == _deltas(tok, prompt, ids, False, **kwargs), trial
+
+
+@pytest.mark.parametrize("stop", ["...", "abab"])
+def test_a_self_overlapping_stop_string_never_leaks_a_part(stop):
+    """The text held back is the longest end that could still start the stop string ("..." after "..": both dots;
+    "abab" after "aba": all three), so nothing of the stop string is streamed before it completes."""
+    tok = make_tokenizer()
+    text = "so " + stop + " more"
+    detok = IncrementalDetokenizer(tok, [], stop=[stop])
+    streamed = "".join(detok.add_token(t) for t in tok.encode(text, add_special_tokens=False))
+    assert streamed == "so " and detok.stop_string == stop
+
+
+def test_the_earliest_of_several_stop_strings_ends_the_text():
+    tok = make_tokenizer()
+    detok = IncrementalDetokenizer(tok, [], stop=["world", "rld"])  # both complete on the same token
+    streamed = "".join(detok.add_token(t) for t in tok.encode("Hello world!", add_special_tokens=False))
+    assert streamed == "Hello " and detok.stop_string == "world"
+
+
+def test_a_stop_string_before_min_tokens_is_released_and_the_next_one_stops():
+    tok = make_tokenizer()
+    ids = tok.encode("stop here, then stop here", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [], stop=["stop"])
+    first = tok.encode("stop here,", add_special_tokens=False)
+    early = "".join(detok.add_token(t, check_stop=i >= len(first)) for i, t in enumerate(ids))
+    assert early == "stop here, then " and detok.stop_string == "stop"
+
+
+def test_a_stop_string_completed_before_min_tokens_does_not_end_the_text_afterwards():
+    """Stop strings count only from min_tokens on: one completed before is released like any text, and checking
+    stops again from the next token must not find it."""
+    tok = make_tokenizer()
+    ids = tok.encode("a stop b c", add_special_tokens=False)
+    upto = len(tok.encode("a stop", add_special_tokens=False))
+    detok = IncrementalDetokenizer(tok, [], stop=["stop"])
+    text = "".join(detok.add_token(t, check_stop=i >= upto) for i, t in enumerate(ids)) + detok.flush()
+    assert text == "a stop b c" and detok.stop_string is None
