@@ -66,3 +66,25 @@ def test_bad_prompts_are_rejected(llm, prompt, match):
 def test_wrong_number_of_params(llm):
     with pytest.raises(InvalidRequestError, match="2 sampling params for 1 prompts"):
         llm.generate(["a"], [GREEDY, GREEDY])
+
+
+def test_stop_strings_count_from_min_tokens_and_held_text_is_flushed_at_the_length_limit(llm):
+    """Through the engine's request: a stop string completed before min_tokens is text (it neither stops then nor
+    on the next token); a text end held back as a possible stop start is released when max_tokens ends the answer."""
+    params = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    (free,) = llm.generate("The quick brown fox", SamplingParams(**params))
+    text, tokens = free.text, free.token_ids
+    tok = llm.tokenizer
+    # a stop string that completes with the 3rd token and occurs nowhere else in the answer
+    cut = len(tok.decode(tokens[:3], skip_special_tokens=True))
+    stop = text[max(0, cut - 3) : cut]
+    assert stop and text.count(stop) == 1, (text, stop)
+    (early,) = llm.generate("The quick brown fox", SamplingParams(**params, stop=[stop]))
+    assert early.finish_reason == "stop" and early.text == text[: text.index(stop)]
+    (exact,) = llm.generate("The quick brown fox", SamplingParams(**params, stop=[stop], min_tokens=3))
+    assert exact.finish_reason == "stop" and exact.text == early.text  # completed on the 3rd token: it counts
+    (later,) = llm.generate("The quick brown fox", SamplingParams(**params, stop=[stop], min_tokens=4))
+    assert later.finish_reason == "length" and later.text == text and later.outputs[0].stop_reason is None
+    # the answer's last characters are the start of a stop string that never completes: held, then flushed
+    (held,) = llm.generate("The quick brown fox", SamplingParams(**params, stop=[text[-2:] + "\x00never"]))
+    assert held.finish_reason == "length" and held.text == text
