@@ -83,6 +83,23 @@ def test_preemption_frees_the_newest_sequence_and_requeues_it_first():
     assert again == [b] and b.num_new_tokens + b.num_computed_tokens == len(b) == 9
 
 
+def test_a_preempted_sequence_goes_ahead_of_waiting_ones_and_nothing_is_admitted_in_its_step():
+    """c waits (max_num_seqs) when b is preempted: b goes to the queue's head, before c, and the step that
+    preempted admits nobody, though it freed a block c would fit in (admitting then would thrash)."""
+    sched = make(num_blocks=4, max_num_seqs=2)
+    a, b, c = seq(4), seq(4, start=50), seq(4, start=90)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)
+    sched.add(c)
+    for _ in range(4):
+        assert c not in run_step(sched)
+    assert len(a) == 9 and sched.block_manager.num_free_blocks == 0
+    scheduled = sched.schedule()  # a needs a third block: b is preempted, freeing two
+    assert scheduled == [a] and list(sched.waiting) == [b, c]
+    assert sched.block_manager.num_free_blocks == 1 and len(sched.running) == 1  # room for c, yet not admitted
+
+
 def test_single_sequence_preempts_itself_when_nothing_else_can_go():
     sched = make(num_blocks=2)
     a = seq(8)
