@@ -71,30 +71,36 @@ def test_decode_matches_sdpa(heads, window, softcap):
         torch.testing.assert_close(out[b : b + 1], want, rtol=TOL, atol=TOL)
 
 
-@pytest.mark.parametrize("causal,window", [(True, None), (True, 5), (False, None)], ids=["causal", "window5", "full"])
-def test_prefill_with_cached_prefix_matches_sdpa(causal, window):
+@pytest.mark.parametrize(
+    "causal,window,softcap",
+    [(True, None, 0.0), (True, 5, 0.0), (False, None, 0.0), (True, None, 4.0)],
+    ids=["causal", "window5", "full", "softcap4"],
+)
+def test_prefill_with_cached_prefix_matches_sdpa(causal, window, softcap):
     lens, new = [9, 33, 4], [3, 33, 1]  # prefix 6 + 3 new; 33 fresh; prefix 3 + 1 new
     kc, vc, tables = _paged(lens, 8, 2, 16)
     cu = torch.tensor([0, 3, 36, 37], dtype=torch.int32)
     q = torch.randn(37, 4, 16, dtype=torch.float64)
     out = ref.paged_prefill_attention(
-        q, kc, vc, tables, cu, torch.tensor(lens, dtype=torch.int32), 0.3, 33, causal, window
+        q, kc, vc, tables, cu, torch.tensor(lens, dtype=torch.int32), 0.3, 33, causal, window, softcap
     )
     for b, n in enumerate(lens):
         lo, hi = int(cu[b]), int(cu[b + 1])
         q_pos = torch.arange(n - new[b], n)
-        want = _sdpa(q[lo:hi], _rows(kc, tables[b], n), _rows(vc, tables[b], n), q_pos, 0.3, causal, window)
+        k_rows, v_rows = _rows(kc, tables[b], n), _rows(vc, tables[b], n)
+        want = _sdpa(q[lo:hi], k_rows, v_rows, q_pos, 0.3, causal, window, softcap)
         torch.testing.assert_close(out[lo:hi], want, rtol=TOL, atol=TOL)
 
 
-def test_varlen_and_empty_rows():
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_and_empty_rows(causal):
     cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
     q, k, v = (torch.randn(12, h, 16, dtype=torch.float64) for h in (4, 1, 1))
-    out = ref.varlen_attention(q, k, v, cu, 7, 0.25)
+    out = ref.varlen_attention(q, k, v, cu, 7, 0.25, causal=causal)
     for lo, hi in [(0, 5), (5, 12)]:
-        torch.testing.assert_close(
-            out[lo:hi], _sdpa(q[lo:hi], k[lo:hi], v[lo:hi], None, 0.25, False), rtol=TOL, atol=TOL
-        )
+        q_pos = torch.arange(hi - lo)
+        want = _sdpa(q[lo:hi], k[lo:hi], v[lo:hi], q_pos, 0.25, causal)
+        torch.testing.assert_close(out[lo:hi], want, rtol=TOL, atol=TOL)
     # a decode row with no visible key (length 0) is zero, not NaN
     kc, vc, tables = _paged([4], 4, 1, 16)
     zero = ref.paged_decode_attention(q[:1], kc, vc, tables, torch.tensor([0], dtype=torch.int32), 0.25)
