@@ -57,6 +57,20 @@ def test_triton_reads_strided_views_of_a_fused_qkv():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
+def test_triton_reads_k_of_another_head_stride_and_a_cache_of_wider_rows():
+    """k's heads 32 apart (every other slot of a [t, h, 2, d] buffer) while q's are 16; the cos/sin cache a
+    column slice of a wider table (row stride 24, not 16)."""
+    q = torch.randn(5, 4, 16, device=DEV)
+    k = torch.randn(5, 2, 2, 16, device=DEV)[:, :, 0]
+    assert k.stride(1) == 32 and q.stride(1) == 16
+    cache = torch.cat((_cache(16, 16), torch.randn(16, 8)), dim=-1).to(DEV)[:, :16]
+    positions = torch.tensor([0, 3, 7, 1, 15], device=DEV)
+    got = dispatch.get_impl(OP, torch.float32, backend="triton")(q, k, positions, cache)
+    want = apply_rotary_reference(q, k, positions, cache)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_reference_neox_matches_transformers_llama():
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

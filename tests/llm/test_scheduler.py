@@ -81,6 +81,8 @@ def test_preemption_frees_the_newest_sequence_and_requeues_it_first():
     sched.finish(a)
     again = sched.schedule()  # b comes back with all of its tokens (prompt + output) to recompute
     assert again == [b] and b.num_new_tokens + b.num_computed_tokens == len(b) == 9
+    assert b.num_computed_tokens > 0  # its own blocks, still cached, served part of the recompute
+    assert b.num_cached_prompt_tokens == 0  # which the request's usage does not count as a cached prompt
 
 
 def test_a_preempted_sequence_goes_ahead_of_waiting_ones_and_nothing_is_admitted_in_its_step():
