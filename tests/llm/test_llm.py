@@ -88,3 +88,13 @@ def test_stop_strings_count_from_min_tokens_and_held_text_is_flushed_at_the_leng
     # the answer's last characters are the start of a stop string that never completes: held, then flushed
     (held,) = llm.generate("The quick brown fox", SamplingParams(**params, stop=[text[-2:] + "\x00never"]))
     assert held.finish_reason == "length" and held.text == text
+
+
+def test_logprobs_are_none_unless_asked_and_one_entry_per_token_when_asked(llm):
+    plain, asked = llm.generate(
+        ["Hi", "Hi"], [GREEDY, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)]
+    )
+    assert plain.outputs[0].logprobs is None
+    entries = asked.outputs[0].logprobs
+    assert len(entries) == len(asked.token_ids) == 6
+    assert all(token in entry and len(entry) <= 3 for token, entry in zip(asked.token_ids, entries, strict=True))

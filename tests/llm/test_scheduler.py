@@ -209,6 +209,35 @@ def test_prefill_hold_never_waits_longer_than_the_delay():
     assert waited == 2  # admitted in the third step after it arrived
 
 
+def test_prefill_hold_counts_the_delay_from_the_oldest_arrival():
+    """A prompt arriving every step must not keep the first one waiting past the delay."""
+    sched = make(max_num_batched_tokens=64, prefill_delay_steps=3, prefill_batch_tokens=100)
+    decoding(sched, 2)
+    first = seq(4, start=500)
+    sched.add(first)
+    waited = 0
+    while first not in run_step(sched):
+        sched.add(seq(4, start=600 + 10 * waited))
+        waited += 1
+    assert waited == 2
+
+
+def test_running_sequences_past_the_token_budget_wait_for_the_next_step():
+    """A chunked prompt that takes the whole budget leaves the sequence behind it for the next step: no sequence
+    is scheduled with zero new tokens."""
+    sched = make(max_num_batched_tokens=4)
+    long, short = seq(12), seq(2, start=100)
+    sched.add(long)
+    sched.add(short)
+    for _ in range(5):
+        scheduled = sched.schedule()
+        assert scheduled and all(s.num_new_tokens > 0 for s in scheduled), [s.num_new_tokens for s in scheduled]
+        sampling = [s for s in scheduled if s.samples_this_step]
+        sched.update(scheduled)
+        for s in sampling:
+            s.append_token(1)
+
+
 def test_prefill_hold_admits_at_once_with_nothing_decoding_or_a_prefill_in_the_step():
     sched = make(max_num_batched_tokens=16, prefill_delay_steps=3, prefill_batch_tokens=100)
     first = seq(3)
