@@ -91,3 +91,17 @@ def test_public_function_dispatches_to_forced_backend():
 def test_rejects_mismatched_weight():
     with pytest.raises(ValueError, match="weight"):
         rms_norm(torch.randn(2, 16), torch.rand(8), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_triton_normalises_the_residual_sum_as_rounded_to_the_dtype(dtype):
+    """The decoder's residual stream is stored in the model's dtype: the norm reads the sum after that rounding,
+    so it equals the norm of the returned new residual, bit for bit."""
+    x = (torch.randn(4, 256, device=DEV) * 3).to(dtype)
+    residual = (torch.randn(4, 256, device=DEV) * 3).to(dtype)
+    w = torch.rand(256, device=DEV).to(dtype)
+    impl = dispatch.get_impl(OP, dtype, backend="triton")
+    out, new_res = impl(x, w, 1e-6, residual)
+    # the sum itself: torch's rounding (the interpreter emulates bf16 with another rounding: within one step)
+    torch.testing.assert_close(new_res, x + residual, rtol=2**-7, atol=0)
+    assert torch.equal(out, impl(new_res, w, 1e-6))

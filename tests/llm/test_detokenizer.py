@@ -255,3 +255,24 @@ def test_a_stop_string_completed_before_min_tokens_does_not_end_the_text_afterwa
     detok = IncrementalDetokenizer(tok, [], stop=["stop"])
     text = "".join(detok.add_token(t, check_stop=i >= upto) for i, t in enumerate(ids)) + detok.flush()
     assert text == "a stop b c" and detok.stop_string is None
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
+def test_a_requests_completion_passes_its_special_token_choice_and_prompt_to_the_detokenizer(skip):
+    """Through llm.engine.request.Completion, as the engine streams: skip_special_tokens comes from the request's
+    sampling params, and the prompt gives the first token its left context (SentencePiece keeps its space)."""
+    from llm.engine.request import Completion
+    from llm.engine.sequence import Sequence
+    from llm.inputs import MultiModalPrompt
+    from llm.sampling_params import SamplingParams
+
+    tok = sentencepiece_tokenizer()
+    prompt = tok.encode(PROMPT)
+    params = SamplingParams(ignore_eos=True, skip_special_tokens=skip, max_tokens=50)
+    seq = Sequence("r", MultiModalPrompt(prompt), params, 4)
+    completion = Completion(seq, tok)
+    for token_id in tok.encode("hello world", add_special_tokens=False) + [tok.eos_token_id]:
+        seq.append_token(token_id)
+        completion.append(token_id, {tok.eos_token_id}, 4096)
+    completion.detokenize()
+    assert completion.detokenizer.text == " hello world" + ("" if skip else "</s>")
