@@ -31,7 +31,7 @@ from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import decode, decode_ws, plan, splits
 from kernels.attention.configs import table_for
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 
 Q_HEADS, KV_HEADS = 32, 8  # on the attention benchmark's decode inputs (HEAD_DIM, pages of PAGE)
 LENGTHS = (1024, 4096, 16384)
@@ -39,9 +39,7 @@ LENGTHS = (1024, 4096, 16384)
 
 @triton.jit
 def _empty_kernel(out_ptr, PDL: tl.constexpr):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)
     if tl.program_id(0) == 0:
         tl.store(out_ptr, 1.0)
 

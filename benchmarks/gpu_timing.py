@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.pdl import gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import launch_next_then_wait, pdl_options
 
 # (elements per CTA, warps) of the read floor: each CTA's loads issued at once
 READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))
@@ -89,9 +89,7 @@ def copy_bandwidth_gbs():
 @triton.jit
 def _read_kernel(x_ptr, out_ptr, N: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)
     x = tl.load(x_ptr + pid.to(tl.int64) * N + tl.arange(0, N))
     tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), 0))
 

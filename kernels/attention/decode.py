@@ -41,7 +41,7 @@ import triton.language as tl
 from kernels.attention import carveout, decode_ws, plan
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
 from kernels.attention.gluon_sm90 import LOG2E
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, gdc_wait, launch_next_then_wait, pdl_options
 from kernels.device import device_for
 
 _LOG2E = tl.constexpr(LOG2E)
@@ -139,9 +139,7 @@ def _reduce_kernel(
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
-    if PDL:  # the next kernel may start now; the partials are the decode kernel's output
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)  # the partials are the decode kernel's output
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     mask_s = offs_s < num_splits

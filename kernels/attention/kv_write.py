@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention.configs import check_dtype, table_for
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
 
 
@@ -29,9 +29,7 @@ def _kv_write_kernel(
     PAGE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
-    if PDL:  # decode attention (next) may start its prologue now; k and v are the previous kernel's output
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)  # decode attention (next) may start its prologue; k and v are the last kernel's
     slot = tl.load(slots_ptr + t).to(tl.int64)
     block = slot // PAGE
     offset = slot % PAGE

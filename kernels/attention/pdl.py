@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
+import triton
+import triton.language as tl
+
 from kernels.attention.configs import TABLES, table_for
 from kernels.device import DeviceInfo, TritonMode
 
@@ -15,6 +18,16 @@ try:  # Triton >= 3.4: programmatic dependent launch (griddepcontrol, the launch
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an older Triton, or none: the kernels launch without it
     gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def launch_next_then_wait(PDL: tl.constexpr):
+    """With PDL: let the next kernel launch now, then wait until the kernel before has finished and its writes
+    are visible. A kernel calls it before its first read of another kernel's output and before its first store
+    (nothing when launched without dependent launch)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 def dependent_launch(device: DeviceInfo) -> bool:

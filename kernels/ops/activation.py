@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
 
 SILU = "ops.silu_and_mul"
@@ -45,9 +45,7 @@ def _tanh(x):
 def _act_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_out, inter, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    if PDL:  # the next kernel may launch now (a GEMV starts reading its weights); x is the previous one's output
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)  # a GEMV after it starts reading its weights; x is the previous kernel's output
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import DeviceInfo, device_for
 
 OP = "ops.linear"
@@ -68,9 +68,7 @@ def _gemv_kernel(
     # the first weight tile before the wait: weights are no kernel's output, so their read overlaps the kernel
     # before this one (programmatic dependent launch); x is read and everything stored after the wait
     w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + offs_k

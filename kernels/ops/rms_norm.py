@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
 
 OP = "ops.rms_norm"
@@ -49,9 +49,7 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    if PDL:  # the next kernel may launch now (a GEMV starts reading its weights); x is the previous one's output
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)  # a GEMV after it starts reading its weights; x is the previous kernel's output
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels import dispatch
-from kernels.attention.pdl import dependent_launch, gdc_launch_dependents, gdc_wait, pdl_options
+from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
 
 OP = "ops.apply_rotary"
@@ -57,9 +57,7 @@ def _rotary_kernel(
     PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (tokens, q head blocks + k head blocks); one launch rotates both
-    if PDL:  # the next kernel may launch now; q and k are the previous kernel's output
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_next_then_wait(PDL)  # q and k are the previous kernel's output
     token = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     if block < q_blocks:
