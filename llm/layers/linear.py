@@ -58,11 +58,11 @@ class Linear(nn.Module):
         copy_weight(param.data[start:end], loaded, f"of piece {shard!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in_features] -> [..., out_features]; a graph-captured decode step's one row takes the GEMV
-        if x.dim() == 2:
-            if x.shape[0] > GEMV_MAX_TOKENS:  # the GEMM whatever the backend (kernels.ops.linear), without the
-                return F.linear(x, self.weight, self.bias)  # dispatch's host cost (4 us a call on the H200's host)
-            return linear(x, self.weight, self.bias)
+        # x: [..., in_features] -> [..., out_features]; a graph-captured decode step's one row takes the GEMV.
+        # More rows run the GEMM whatever the backend (kernels.ops.linear): called here without the dispatch's
+        # host cost (4 us a call on the H200's host)
+        if x.numel() > GEMV_MAX_TOKENS * self.in_features:
+            return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)
         return linear(rows, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
 
