@@ -74,7 +74,6 @@ class IncrementalDetokenizer:
         backend = getattr(self.tokenizer, "_tokenizer", None)
         plain = not getattr(self.tokenizer, "clean_up_tokenization_spaces", False)
         self._backend = backend if plain and callable(getattr(backend, "decode", None)) else None
-        self._backend_decode = self._backend.decode if self._backend is not None else None
         self._stream_ok = self._stream_ok and self._backend is not None and DecodeStream is not None
         self._stream = self._new_stream()
 
@@ -99,7 +98,7 @@ class IncrementalDetokenizer:
 
     def __getstate__(self) -> dict:
         # a DecodeStream does not pickle: a copy restarts one from the mirrored offsets
-        return {k: v for k, v in self.__dict__.items() if k not in ("_stream", "_backend", "_backend_decode")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_stream", "_backend")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -124,9 +123,20 @@ class IncrementalDetokenizer:
         return self.stop_string is not None
 
     def _decode(self, ids: list[int]) -> str:
-        if self._backend_decode is not None:  # same text, without transformers' per-call Python overhead
-            return self._backend_decode(ids, skip_special_tokens=self.skip_special_tokens)
+        if self._backend is not None:  # same text, without transformers' per-call Python overhead
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _window(self) -> tuple[str, str]:
+        """The text of the window's context ids[prefix:read] and of the whole window ids[prefix:]."""
+        context = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        return context, self._decode(self._ids[self._prefix_offset :])
+
+    def _take(self, text: str) -> None:
+        """Append released-to-be text; the window moves on: its context is now the ids read last time."""
+        self._text += text
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
 
     def add_token(self, token_id: int, check_stop: bool = True) -> str:
         """Add one generated token; return the newly released text ("" while a character or stop match is open).
@@ -144,19 +154,14 @@ class IncrementalDetokenizer:
                 self._stream, self._stream_ok = None, False
             else:
                 if piece is not None:  # the same release as the window's below, offsets moved alike
-                    self._text += piece
-                    self._prefix_offset = self._read_offset
-                    self._read_offset = len(self._ids)
+                    self._take(piece)
                     return self._release(check_stop, final=False)
                 if len(self._ids) - self._read_offset < MAX_CHAR_TOKENS:  # an open character, or no new text
                     return self._release(check_stop, final=False)
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self._ids[self._prefix_offset :])
+        prefix_text, new_text = self._window()
         open_char = new_text.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_CHAR_TOKENS
         if len(new_text) > len(prefix_text) and not open_char:
-            self._text += new_text[len(prefix_text) :]
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self._ids)
+            self._take(new_text[len(prefix_text) :])
             if self._stream_ok:  # the window released (what a stream held back, invalid bytes): a stream again
                 self._stream = self._new_stream()
         return self._release(check_stop, final=False)
@@ -165,10 +170,9 @@ class IncrementalDetokenizer:
         """At the end of generation: release whatever is still held back (an unfinished character too)."""
         if self.stopped:
             return ""
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self._ids[self._prefix_offset :])
-        self._text += new_text[len(prefix_text) :]
-        self._prefix_offset = self._read_offset = len(self._ids)
+        prefix_text, new_text = self._window()
+        self._take(new_text[len(prefix_text) :])
+        self._prefix_offset = self._read_offset
         return self._release(check_stop=True, final=True)
 
     def _release(self, check_stop: bool, final: bool) -> str:
