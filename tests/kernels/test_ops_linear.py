@@ -23,6 +23,14 @@ TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
 
+@pytest.fixture
+def gemv_calls(monkeypatch) -> list:
+    """The x shapes the GEMV is called with (it still runs)."""
+    calls, real = [], linear_op.gemv
+    monkeypatch.setattr(linear_op, "gemv", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    return calls
+
+
 def _want(x, w, b=None):
     y = x.double() @ w.double().T
     return y if b is None else y + b.double()
@@ -88,17 +96,14 @@ def test_gemv_config_override_gives_the_same_sums():
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU an eager row takes the GEMM: the CUDA-graph test below")
-def test_one_row_takes_the_gemv_and_more_rows_the_gemm(monkeypatch):
-    calls = []
-    real = linear_op.gemv
-    monkeypatch.setattr(linear_op, "gemv", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+def test_one_row_takes_the_gemv_and_more_rows_the_gemm(gemv_calls):
     impl = dispatch.get_impl(OP, torch.float32, device_for(torch.empty(0, device=DEV)), backend="triton")
     w = torch.randn(12, 16, device=DEV)
     b = torch.randn(12, device=DEV)
     one, many = torch.randn(1, 16, device=DEV), torch.randn(2, 16, device=DEV)  # two rows: already the GEMM
     _assert_close(impl(one, w, b), _want(one, w, b), torch.float32)
     assert torch.equal(impl(many, w, b), F.linear(many, w, b))  # the GEMM itself
-    assert calls == [(1, 16)]
+    assert gemv_calls == [(1, 16)]
     assert impl(torch.randn(0, 16, device=DEV), w).shape == (0, 12)
 
 
@@ -122,27 +127,24 @@ def test_only_a_captured_row_on_an_arch_with_dependent_launch_takes_the_gemv(mon
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_on_a_gpu_one_row_takes_the_gemv_only_inside_a_cuda_graph(monkeypatch):
+def test_on_a_gpu_one_row_takes_the_gemv_only_inside_a_cuda_graph(gemv_calls):
     """Eagerly the launch's host cost would outweigh what the GEMV saves on the GPU (the module says why)."""
-    calls = []
-    real = linear_op.gemv
-    monkeypatch.setattr(linear_op, "gemv", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     impl = dispatch.get_impl(OP, torch.float16, device_for(torch.empty(0, device=DEV)), backend="triton")
     x = torch.randn(1, 256, device=DEV, dtype=torch.float16)
     w = torch.randn(64, 256, device=DEV, dtype=torch.float16)
     eager = impl(x, w)
-    assert calls == [] and torch.equal(eager, F.linear(x, w))
+    assert gemv_calls == [] and torch.equal(eager, F.linear(x, w))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        real(x, w)  # compiled before the capture
+        gemv(x, w)  # compiled before the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = impl(x, w)
     graph.replay()
     torch.cuda.synchronize()
-    assert calls == [(1, 256)]
+    assert gemv_calls == [(1, 256)]
     _assert_close(captured, _want(x, w), torch.float16)
 
 

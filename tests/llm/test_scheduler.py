@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from llm.config import SchedulerConfig
 from llm.engine.block_manager import BlockManager
 from llm.engine.scheduler import Scheduler
@@ -22,7 +24,11 @@ def seq(n, start=0):
 
 def run_step(sched: Scheduler, token=1) -> list[Sequence]:
     """One engine step without a model: schedule, mark computed, append a token where a row samples."""
-    seqs = sched.schedule()
+    return complete_step(sched, sched.schedule(), token)
+
+
+def complete_step(sched: Scheduler, seqs: list[Sequence], token=1) -> list[Sequence]:
+    """The rest of run_step for a step already scheduled (a test may look at it first)."""
     sampling = [s for s in seqs if s.samples_this_step]
     sched.update(seqs)
     for s in sampling:
@@ -198,28 +204,19 @@ def test_prefill_hold_waits_for_company_then_admits_together():
     assert late in step and other in step
 
 
-def test_prefill_hold_never_waits_longer_than_the_delay():
+@pytest.mark.parametrize("arrivals", [False, True], ids=["alone", "a-prompt-each-step"])
+def test_prefill_hold_never_waits_longer_than_the_delay(arrivals):
+    """The delay counts from the oldest arrival: a prompt arriving every step does not keep the first waiting."""
     sched = make(max_num_batched_tokens=64, prefill_delay_steps=3, prefill_batch_tokens=100)
     decoding(sched, 2)
     late = seq(4, start=500)
     sched.add(late)
     waited = 0
     while late not in run_step(sched):
+        if arrivals:
+            sched.add(seq(4, start=600 + 10 * waited))
         waited += 1
     assert waited == 2  # admitted in the third step after it arrived
-
-
-def test_prefill_hold_counts_the_delay_from_the_oldest_arrival():
-    """A prompt arriving every step must not keep the first one waiting past the delay."""
-    sched = make(max_num_batched_tokens=64, prefill_delay_steps=3, prefill_batch_tokens=100)
-    decoding(sched, 2)
-    first = seq(4, start=500)
-    sched.add(first)
-    waited = 0
-    while first not in run_step(sched):
-        sched.add(seq(4, start=600 + 10 * waited))
-        waited += 1
-    assert waited == 2
 
 
 def test_running_sequences_past_the_token_budget_wait_for_the_next_step():
@@ -232,10 +229,7 @@ def test_running_sequences_past_the_token_budget_wait_for_the_next_step():
     for _ in range(5):
         scheduled = sched.schedule()
         assert scheduled and all(s.num_new_tokens > 0 for s in scheduled), [s.num_new_tokens for s in scheduled]
-        sampling = [s for s in scheduled if s.samples_this_step]
-        sched.update(scheduled)
-        for s in sampling:
-            s.append_token(1)
+        complete_step(sched, scheduled)
 
 
 def test_prefill_hold_admits_at_once_with_nothing_decoding_or_a_prefill_in_the_step():
