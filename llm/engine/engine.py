@@ -13,7 +13,7 @@ import math
 
 from kernels import settings as kernel_settings
 from llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
-from llm.engine.block_manager import BlockManager
+from llm.engine.block_manager import BlockManager, run_blocks_for
 from llm.engine.model_runner import ModelRunner
 from llm.engine.request import Request
 from llm.engine.scheduler import Scheduler
@@ -60,8 +60,9 @@ class LLMEngine:
             logger.info("prefix caching is off: the model's RoPE scaling depends on the sequence length")
             config.cache.enable_prefix_caching = False
         self.block_manager = BlockManager(
-            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
-        )
+            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
+            run_blocks_for(self.runner.kv_caches[0][0][0].nbytes),
+        )  # fmt: skip
         if sched.prefill_delay_steps is None:  # hold prefills only where decode steps are cheap graph replays
             sched.prefill_delay_steps = GRAPH_PREFILL_DELAY_STEPS if self.runner.graphs else 0
         self.scheduler = Scheduler(sched, self.block_manager)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from llm.config import SchedulerConfig
@@ -14,8 +16,8 @@ from llm.sampling_params import SamplingParams
 BS = 4
 
 
-def make(num_blocks=64, **cfg):
-    return Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, BS))
+def make(num_blocks=64, run_blocks=1, **cfg):
+    return Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, BS, run_blocks=run_blocks))
 
 
 def seq(n, start=0):
@@ -152,14 +154,23 @@ def check_invariants(sched: Scheduler) -> None:
     assert all(bm.hash_to_block[bm.blocks[i].hash] == i for i in range(bm.num_blocks) if bm.blocks[i].hash)
     for s in sched.running:
         assert len(s.block_table) * BS >= s.num_computed_tokens
+    tails = Counter(s.block_table[-1] for s in list(sched.running) + list(sched.waiting) if s.block_table)
+    assert bm.tails == dict(tails)
+    runs = [b // bm.run_blocks for b in range(bm.num_blocks)]
+    for r, size in enumerate(bm.run_sizes):
+        assert bm.run_free[r] == sum(1 for b in free if runs[b] == r)
+        assert bm.run_plain[r] == sum(1 for b in bm.free_plain if runs[b] == r)
+        assert (r in bm.free_runs) == (bm.run_free[r] == size) and (r in bm.plain_runs) == (bm.run_plain[r] == size)
 
 
-def test_random_workload_keeps_block_accounting_exact():
-    """Random arrivals (with shared prefixes), lengths, finishes and aborts against a small pool."""
+@pytest.mark.parametrize("run_blocks", [1, 4, 5])
+def test_random_workload_keeps_block_accounting_exact(run_blocks):
+    """Random arrivals (with shared prefixes), lengths, finishes and aborts against a small pool, with blocks
+    taken one by one and in runs (5: a pool of 24 ends in a shorter run)."""
     import random
 
     rng = random.Random(0)
-    sched = make(num_blocks=24, max_num_batched_tokens=16, max_num_seqs=6)
+    sched = make(num_blocks=24, run_blocks=run_blocks, max_num_batched_tokens=16, max_num_seqs=6)
     live: list[Sequence] = []
     hits = 0
     for step in range(400):
