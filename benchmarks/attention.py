@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/attention.py [--out DIR] [--quick] [--tune] [--prefill-only | --decode-only]
                                                 [--decode-shapes 1x4096,8x4096]
 
-Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16, shuffled blocks); the heuristic's
+Decode grid: fp16/bf16, heads 32/32 and 32/8, head_dim 128, paged KV (block 16, shuffled blocks, and the plan again
+on the pages the engine's block manager hands out after earlier traffic: benchmarks/engine_pages.py); the heuristic's
 config and split count against fixed split counts for each of the arch's decode configs (the Triton config, the
 deep one-wave config and, on sm_90, the warp-specialized Gluon kernel's one- and two-CTA configs, `gluon
 blk/stages`, plus the plan's own where it is another: the short- or long-split config), timed as CUDA-graph replays
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.attention_report import config_name, markdown, targets
+from benchmarks.engine_pages import PAGE, engine_pages
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us, interleaved_us
 from benchmarks.report import device_header, result_stem, save_results
 from kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
@@ -37,7 +39,6 @@ from kernels.attention import splits as split_model
 from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
 from kernels.device import get_device_info
 
-PAGE = 16
 DECODE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (32, 2048), (64, 1024), (128, 512), (128, 2048)]
 PREFILL_SHAPES = [(1, 4096), (4, 4096), (1, 16384), (4, 16384), (1, 65536), (4, 65536)]
 EXTEND_SHAPES = [(1, 16384, 12288), (4, 8192, 4096)]  # (batch, kv length, cached prefix): a chunk after a prefix
@@ -209,6 +210,9 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
     # single measurement moved with the GPU's state between them (B=1 L=4k GQA on one H200, 20 measurements of the
     # short-split config at 128 registers: 7.38 once, 7.93-8.14 otherwise), and the least would take a rare one
     calls = {"ours_us": ours(heur, chosen), "sdpa_us": sdpa_calls(q, kv_heads, ctx, perm.shape[0])}
+    # the same plan on the pages the engine's block manager hands out (runs of blocks) instead of shuffled ones
+    k_engine, v_engine, tables_engine = engine_pages(dtype, kv_heads, batch, ctx, perm.shape[0])
+    calls["ours_engine_pages_us"] = decode_calls(q, k_engine, v_engine, tables_engine, seq_lens, heur, out, chosen)
     if best != (heur, chosen):
         calls["best_fixed_us"] = ours(*best)
     row["single_us"] = {"ours_us": row["ours_us"], "best_fixed_us": sweep[best]}

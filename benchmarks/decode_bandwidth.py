@@ -14,6 +14,9 @@ copies to defeat the L2:
   allocator in any order;
 - ours on pages of 16 in order: each sequence's blocks consecutive, as the engine's block manager hands out a
   fresh prompt's;
+- ours on pages of 16 as the engine's block manager hands them out after earlier traffic (`allocator_tables`):
+  with blocks taken one at a time from its free lists ("free lists 16", the allocator before runs) and in runs
+  ("runs 16", llm/engine/block_manager.py: RUN_BYTES of a layer's K cache per run; benchmarks/engine_pages.py);
 - ours on pages of 64 in order (the largest block size the kernels take).
 
 Ours is the plan (plan.decode_plan: config and split count) for each layout. SDPA and the three layouts are the
@@ -34,6 +37,7 @@ import torch
 
 from benchmarks.attention import HEAD_DIM, decode_calls, decode_inputs, sdpa_calls
 from benchmarks.attention_report import config_name
+from benchmarks.engine_pages import engine_pages
 from benchmarks.gpu_timing import interleaved_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from kernels.attention import plan
@@ -41,20 +45,25 @@ from kernels.attention.pdl import dependent_launch
 from kernels.device import get_device_info
 
 SHAPES = [(32, 32, 1, 131072), (32, 32, 128, 2048), (32, 32, 128, 512), (32, 8, 128, 2048), (32, 8, 1, 131072)]
-LAYOUTS = {"shuffled 16": (16, False), "in order 16": (16, True), "in order 64": (64, True)}
+# name: (page, order): "shuffled", "in order", or the block manager's "free lists" (runs of one block) / "runs"
+LAYOUTS = {"shuffled 16": (16, "shuffled"), "in order 16": (16, "in order"), "free lists 16": (16, "free lists"),
+           "runs 16": (16, "runs"), "in order 64": (64, "in order")}  # fmt: skip
 ROUNDS = 5
 LINE_HEADS = [(32, 32), (32, 8)]
 LINE_CONTEXTS = [16384, 32768, 65536, 131072, 262144]
 LINE_LAYOUTS = ["shuffled 16", "in order 16"]
 
 
-def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, in_order, device):
-    """A decode call per L2-defeating copy on caches of `page`-token pages (shuffled, or each copy's in order), at
-    the plan's config and split count; with that plan's name, and what the peers take: the query, the copies' count
-    and the KV bytes a call reads."""
+def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, order, device):
+    """A decode call per L2-defeating copy on caches of `page`-token pages in `order` (LAYOUTS), at the plan's
+    config and split count; with that plan's name, and what the peers take: the query, the copies' count and the
+    KV bytes a call reads."""
     q, k_cache, v_cache, tables, lens, kv_bytes = decode_inputs(dtype, q_heads, kv_heads, batch, ctx, page=page)
-    if in_order:
+    if order == "in order":
         tables = torch.arange(tables.numel(), device="cuda", dtype=torch.int32).view(tables.shape)
+    elif order in ("free lists", "runs"):
+        del k_cache, v_cache
+        k_cache, v_cache, tables = engine_pages(dtype, kv_heads, batch, ctx, tables.shape[0], runs=order == "runs")
     splits, config = plan.decode_plan(q, k_cache, tables[0], device)
     calls = decode_calls(q, k_cache, v_cache, tables, lens, splits, torch.empty_like(q), config)
     return calls, f"{config_name(config)} S={splits}", q, tables.shape[0], kv_bytes
@@ -65,9 +74,9 @@ def layout_times(dtype, q_heads, kv_heads, batch, ctx, layouts, device, pdl: boo
     same bytes: (timings per method, each layout's plan, KV bytes, read floor us)."""
     calls, plans = {}, {}
     for name in layouts:
-        page, in_order = LAYOUTS[name]
+        page, order = LAYOUTS[name]
         calls[name], plans[name], q, sets, kv_bytes = layout_calls(
-            dtype, q_heads, kv_heads, batch, ctx, page, in_order, device
+            dtype, q_heads, kv_heads, batch, ctx, page, order, device
         )
     calls["sdpa"] = sdpa_calls(q, kv_heads, ctx, sets)
     times = interleaved_us(calls, ROUNDS)

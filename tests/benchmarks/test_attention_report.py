@@ -19,6 +19,10 @@ def test_targets_judge_each_decode_row_against_its_peers():
     t = targets([fast, slow], [])
     missed = ["float16 32/8 B=8 L=32768"]  # the slow row by name: an inverted comparison would name the other
     assert t["decode_never_slower_than_sdpa"] == {"met": False, "missed": missed, "cases": 2}
+    assert t["decode_never_slower_than_sdpa_on_the_engines_pages"]["cases"] == 0  # rows without the engine's pages
+    fast["ours_engine_pages_us"], slow["ours_engine_pages_us"] = 126.0, 124.0  # judged on their own times
+    engine = targets([fast, slow], [])["decode_never_slower_than_sdpa_on_the_engines_pages"]
+    assert engine == {"met": False, "missed": ["float16 32/8 B=1 L=32768"], "cases": 2}
     assert t["heuristic_within_10pct_of_best_fixed"]["missed"] == missed
     assert t["decode_0.95_copy_bw_where_kv_over_256MB"]["cases"] == 2
     assert t["prefill_0.9x_sdpa"] == {"met": True, "missed": [], "cases": 0}
@@ -34,7 +38,9 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     }  # fmt: skip
     res["targets"] = targets(res["decode"], res["prefill"])
     text = markdown(res)
-    assert "| 64/4/6 S=32 | 120.0 | 121.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.04x |" in text
+    assert "| 64/4/6 S=32 | 120.0 | 121.0 | 118.0 (64/4/4 S=64) | 125.0 | 1.042x | - | - |" in text  # no engine pages
+    engine = markdown({**res, "decode": [{**res["decode"][0], "ours_engine_pages_us": 124.0}]})
+    assert "| 125.0 | 1.042x | 124.0 | 1.008x |" in engine
     assert "| float16 | 32/8 | 1 | 4096 | 10.5 | 12.7 | 17.3% |" in text
     assert "for one-wave grids: warp-specialized WD (where its splits read at most 2048 keys: WS), deep DD" in text
     assert "- prefill_0.9x_sdpa: not measured in this run" in text
