@@ -9,7 +9,9 @@ when generation lengths are fixed. Greedy agreement with transformers on a few p
 (random weights give flat logits, so bf16 near-ties can flip; the CPU tests check exact agreement
 in fp32 on the real weights). Speed: decode steps/s after a 128-token prompt, 64 timed steps, with
 CUDA graphs and eager, against transformers (sdpa, its own cache) and the HBM floor
-(weights + KV read per step / 4.8 TB/s). `--tiny` checks the script on the CPU with a tiny config.
+(weights + KV read per step / 4.8 TB/s); each column the median of ROUNDS rounds taken in turn (a single
+measurement of these host-bound steps moved by up to 40% between runs on one H200). `--tiny` checks the script
+on the CPU with a tiny config.
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ from benchmarks.engine import (
     HBM_BYTES_PER_S,
     _version,
     agreement,
-    decode_steps_per_s,
-    hf_decode_steps_per_s,
+    decode_rates,
     hf_greedy,
     reconfigure,
 )
@@ -43,7 +44,8 @@ GEMMA3_270M = dict(
 )  # fmt: skip
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, sliding_window=16)  # fmt: skip
-PROMPT_LEN, NEW_TOKENS = 128, 16
+PROMPT_LEN, NEW_TOKENS = 128, 16  # decode_rates times steps after prompts of 128 tokens
+ROUNDS = 5  # each speed column is the median of this many rounds, taken in turn (benchmarks.engine.decode_rates)
 VERSIONED = ("torch", "triton", "transformers")
 
 
@@ -78,7 +80,7 @@ def kv_bytes(cfg, batch: int, length: int, dtype) -> int:
 def main() -> None:
     args, tiny, device = tiny_or_gpu_args()
     dtype = torch.float32 if tiny else torch.bfloat16
-    batches, steps = ([1, 4], 5) if tiny else ([1, 64], 64)
+    batches, steps, rounds = ([1, 4], 5, 2) if tiny else ([1, 64], 64, ROUNDS)
     t_start = time.perf_counter()
     model_dir, hf = build(tempfile.mkdtemp(prefix="vlchat-gemma3-"), TINY if tiny else GEMMA3_270M, dtype, device.type)
     cfg = hf.config
@@ -103,23 +105,22 @@ def main() -> None:
         "kv_blocks": llm.engine.runner.num_blocks,
         "cuda_graphs": llm.engine.runner.graphs is not None,
         "greedy_vs_transformers": agreement(ref, ours) | {"prompt_lens": [len(p) for p in prompts]},
+        "rounds": rounds,
         "rows": [],
     }
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # the tied head is read once more
     weight_bytes += hf.lm_head.weight.numel() * hf.lm_head.weight.element_size()
     for batch in batches:
-        graphs = decode_steps_per_s(llm, batch, PROMPT_LEN, steps, cfg.vocab_size)
-        saved, llm.engine.runner.graphs = llm.engine.runner.graphs, None
-        eager = decode_steps_per_s(llm, batch, PROMPT_LEN, steps, cfg.vocab_size)
-        llm.engine.runner.graphs = saved
-        peer = hf_decode_steps_per_s(hf, batch, PROMPT_LEN, steps, cfg.vocab_size, device)
+        row = decode_rates(llm, hf, batch, steps, rounds, dtype, weight_bytes, device)
         floor = HBM_BYTES_PER_S / (weight_bytes + kv_bytes(cfg, batch, PROMPT_LEN + steps, dtype))
-        result["rows"].append({
-            "batch": batch, "graphs_steps_s": graphs, "eager_steps_s": eager, "transformers_steps_s": peer,
-            "tokens_s": graphs * batch, "transformers_tokens_s": peer * batch, "vs_transformers": graphs / peer,
-            "hbm_floor_steps_s": floor, "of_hbm_floor": graphs / floor,
-        })  # fmt: skip
-        print(f"batch {batch}: {graphs:.0f} steps/s graphs, {eager:.0f} eager, {peer:.0f} transformers", flush=True)
+        row.update(hbm_floor_steps_s=floor, of_hbm_floor=row["graphs_steps_s"] / floor,
+                   transformers_tokens_s=row["transformers_steps_s"] * batch)  # fmt: skip
+        result["rows"].append(row)
+        print(
+            f"batch {batch}: {row['graphs_steps_s']:.0f} steps/s graphs {row['graphs_runs']}, "
+            f"{row['eager_steps_s']:.0f} eager, {row['transformers_steps_s']:.0f} transformers",
+            flush=True,
+        )
     stem = os.path.join(args.out, "gemma3_tiny") if tiny else result_stem(args.out, "gemma3", result["device"])
     save_results(stem, result, markdown)
 
@@ -134,16 +135,17 @@ def markdown(result: dict) -> str:
         f"Greedy {NEW_TOKENS} tokens vs transformers on prompts of {agree['prompt_lens']} tokens: "
         f"{agree['identical']}/{agree['of']} identical, common prefixes {agree['common_prefix']} "
         "(random weights: flat logits, bf16 near-ties).", "",
-        f"Decode after a {PROMPT_LEN}-token prompt:", "",
+        f"Decode after a {PROMPT_LEN}-token prompt" + (f", medians of {result['rounds']} interleaved rounds (graph "
+        "runs in the last column)" if "rounds" in result else "") + ":", "",
         "| batch | vlchat steps/s (graphs) | eager | transformers | vlchat tokens/s | transformers tokens/s "
-        "| vs transformers | HBM floor steps/s | of floor |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| vs transformers | HBM floor steps/s | of floor | graph runs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
     for r in result["rows"]:
         lines.append(
             f"| {r['batch']} | {r['graphs_steps_s']:.0f} | {r['eager_steps_s']:.0f} | {r['transformers_steps_s']:.0f} "
             f"| {r['tokens_s']:.0f} | {r['transformers_tokens_s']:.0f} | {r['vs_transformers']:.2f}x "
-            f"| {r['hbm_floor_steps_s']:.0f} | {r['of_hbm_floor']:.0%} |"
+            f"| {r['hbm_floor_steps_s']:.0f} | {r['of_hbm_floor']:.0%} | {r.get('graphs_runs', '-')} |"
         )
     return "\n".join(lines) + "\n"
 
