@@ -19,15 +19,14 @@ longest free stretch that no other table would continue into (`_take_free`). Seq
 Pages read in stretches are faster: on the H200 (2026-12-01, .exp probe recorded in
 benchmarks/results/paged_read_NVIDIA_H200.md; MHA fp16, 16-token pages of 128 KB per layer's K) the
 decode's loader read uniformly shuffled pages 0.5-0.9% slower than the same pages in shuffled runs of
-512 KB (4 pages) or 2 MB, which read as fast as pages in order. The price: a table's continuation and a
-wholly free run are taken before never-hashed fragments, so a cached block may be evicted while
-never-hashed blocks are free, and out of LRU order.
+512 KB (4 pages) or 2 MB, which read as fast as pages in order. Cached content is kept as before while
+never-hashed blocks are free; once none is, the eviction prefers a table's next id within its run and
+wholly free runs (oldest first) to the least recently freed block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain
 
 from llm.engine.sequence import Sequence
 
@@ -159,23 +158,25 @@ class BlockManager:
         block.ref_count += 1
 
     def _take_free(self, after: int | None) -> int:
-        """A free block for a sequence whose last block is `after` (None: it has none yet), the first of:
-        - with runs of more than one block, the id after `after` (evicted where cached);
-        - the first block of the oldest wholly never-hashed run, then of the oldest wholly free run;
-        - among the first STRETCH_CANDIDATES free blocks, never-hashed ones first, then the least recently freed,
-          that continue no table (a free block right after a table's last is that table's continuation), the one
-          that starts the longest free stretch (up to a run);
-        - the oldest free block.
-        With runs of one block this is the free lists' order alone: never-hashed first, then LRU eviction."""
+        """A free block for a sequence whose last block is `after` (None: it has none yet). While never-hashed
+        blocks are free no cached block is evicted; among them, the first of: the id after `after`; the first
+        block of the oldest wholly never-hashed run; the best stretch start (`_stretch_start`). Then, evicting:
+        the id after `after` within its run; the first block of the oldest wholly free run; the best stretch start
+        among the cached blocks, least recently freed first. With runs of one block this is the free lists'
+        order alone: never-hashed first, then LRU eviction."""
         nxt = after + 1 if self.run_blocks > 1 and after is not None and after + 1 < self.num_blocks else -1
-        if self._is_free(nxt):
+        if nxt in self.free_plain:
             block_id = nxt
         elif self.plain_runs:
             block_id = next(iter(self.plain_runs)) * self.run_blocks
+        elif self.free_plain:
+            block_id = self._stretch_start(self.free_plain)
+        elif nxt in self.free_cached and nxt % self.run_blocks:  # not across a run's edge: the next run's first
+            block_id = nxt  # block may start another request's cached prefix
         elif self.free_runs:
             block_id = next(iter(self.free_runs)) * self.run_blocks
         else:
-            block_id = self._stretch_start()
+            block_id = self._stretch_start(self.free_cached)
         block = self.blocks[block_id]
         self._mark_taken(block_id)
         if block.hash is not None:  # evicted
@@ -187,10 +188,12 @@ class BlockManager:
     def _is_free(self, block_id: int) -> bool:
         return block_id in self.free_plain or block_id in self.free_cached
 
-    def _stretch_start(self) -> int:
-        """_take_free's pick where no run is wholly free."""
+    def _stretch_start(self, free: OrderedDict[int, None]) -> int:
+        """Of the first STRETCH_CANDIDATES blocks of `free` (a free list, oldest first) that continue no table (a
+        free block right after a table's last is that table's continuation), the one that starts the longest
+        stretch of free blocks (up to a run); the oldest where each continues a table."""
         best, longest, seen = -1, 0, 0
-        for block_id in chain(self.free_plain, self.free_cached):
+        for block_id in free:
             if block_id - 1 in self.tails:
                 continue
             n = 1
@@ -201,7 +204,7 @@ class BlockManager:
             seen += 1
             if seen == STRETCH_CANDIDATES or n == self.run_blocks:
                 break
-        return best if best >= 0 else next(chain(self.free_plain, self.free_cached))
+        return best if best >= 0 else next(iter(free))
 
     def _move_tail(self, old: int | None, new: int | None) -> None:
         """A sequence's table now ends in `new` instead of `old` (None: no table)."""
