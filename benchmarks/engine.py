@@ -153,10 +153,13 @@ def hf_decode_steps_per_s(hf, batch: int, prompt_len: int, steps: int, vocab: in
     return steps / (time.perf_counter() - t0)
 
 
-def decode_rates(llm: LLM, hf, batch: int, steps: int, rounds: int, dtype, weight_bytes: int, device) -> dict:
+def decode_rates(
+    llm: LLM, hf, batch: int, steps: int, rounds: int, dtype, weight_bytes: int, device, kv_bytes: int | None = None
+) -> dict:
     """One speed row: the engine with CUDA graphs, the engine eager and transformers, measured in turn `rounds`
     times over (each a fresh batch of 128-token prompts and `steps` timed steps); each column is the median of its
-    rounds, so a passing change of the GPU's or the host's state moves every column alike."""
+    rounds, so a passing change of the GPU's or the host's state moves every column alike. The HBM floor reads the
+    weights and `kv_bytes` per step (default: every layer's K/V at the run's mean context)."""
     runs = {"graphs": [], "eager": [], "transformers": []}
     cfg = hf.config
     for _ in range(rounds):
@@ -168,7 +171,7 @@ def decode_rates(llm: LLM, hf, batch: int, steps: int, rounds: int, dtype, weigh
             llm.engine.runner.graphs = saved
         runs["transformers"].append(hf_decode_steps_per_s(hf, batch, 128, steps, cfg.vocab_size, device))
     graphs, eager, peer = (statistics.median(runs[k]) for k in ("graphs", "eager", "transformers"))
-    kv = batch * (128 + steps // 2) * kv_bytes_per_token(cfg, dtype)
+    kv = batch * (128 + steps // 2) * kv_bytes_per_token(cfg, dtype) if kv_bytes is None else kv_bytes
     floor = HBM_BYTES_PER_S / (weight_bytes + kv)
     return {"batch": batch, "graphs_steps_s": graphs, "eager_steps_s": eager, "transformers_steps_s": peer,
             "hbm_floor_steps_s": floor, "tokens_s": graphs * batch, "vs_transformers": graphs / peer,
