@@ -41,11 +41,14 @@ def _profiled_steps(engine, steps: int) -> dict:
     }  # fmt: skip
 
 
-def host_costs(device: str = "cuda", calls: int = 300) -> dict:
-    """Host microseconds per call of each kernel wrapper (and of two torch ops for scale) on tiny inputs, where
-    the GPU work is negligible and a loop of calls runs at the host's launch rate: what an eager step pays per op."""
+def host_cases(device: str = "cuda", cache_memo: bool = True) -> dict:
+    """Calls of each kernel wrapper (and two torch ops for scale) on tiny inputs, where the GPU work is negligible
+    and a loop of calls runs at the host's launch rate: what an eager step pays per op. The decode and prefill
+    calls are as the engine makes them: a planned config and split count, and (`cache_memo`) the caches'
+    descriptor memo."""
     import kernels.attention as attn
     import kernels.ops as ops
+    from kernels.attention import plan
 
     dt = torch.float16 if device == "cuda" else torch.float32
     t, h, kvh, d, page = 8, 32, 32, 128, 16
@@ -63,19 +66,31 @@ def host_costs(device: str = "cuda", calls: int = 300) -> dict:
     pos = torch.arange(t, device=device)
     gate_up = torch.randn(t, 2 * 4096, device=device, dtype=dt)
     wmat = torch.randn(4096, 4096, device=device, dtype=dt)
-    cases = {
+    memo: dict | None = {} if cache_memo else None
+    planned = {s: plan.decode_plan(q, kc, tables, attn.device_for(q), s)[1] for s in (1, 4)}
+
+    def decode(splits):
+        return lambda: attn.paged_decode_attention(
+            q, kc, vc, tables, lens, 0.1, num_splits=splits, config=planned[splits], cache_memo=memo
+        )
+
+    return {
         "torch add": lambda: x + x,
         "torch linear 4096x4096": lambda: torch.nn.functional.linear(x, wmat),
         "rms_norm + residual": lambda: ops.rms_norm(x, w, 1e-5, x),
         "rotary q,k": lambda: ops.apply_rotary(q, k, pos, cache),
         "silu_and_mul": lambda: ops.silu_and_mul(gate_up),
         "write_kv_cache": lambda: attn.write_kv_cache(k, k, kc, vc, slots),
-        "decode (1 split)": lambda: attn.paged_decode_attention(q, kc, vc, tables, lens, 0.1, num_splits=1),
-        "decode (4 splits + reduce)": lambda: attn.paged_decode_attention(q, kc, vc, tables, lens, 0.1, num_splits=4),
-        "prefill": lambda: attn.paged_prefill_attention(q, kc, vc, tables, cu, lens, 0.1, 1),
+        "decode (1 split)": decode(1),
+        "decode (4 splits + reduce)": decode(4),
+        "prefill": lambda: attn.paged_prefill_attention(q, kc, vc, tables, cu, lens, 0.1, 1, k=k, v=k, cache_memo=memo),
     }
+
+
+def host_costs(device: str = "cuda", calls: int = 300) -> dict:
+    """Host microseconds per call of each of `host_cases`."""
     out = {}
-    for name, fn in cases.items():
+    for name, fn in host_cases(device).items():
         for _ in range(3):
             fn()
         sync()

@@ -3,6 +3,11 @@
 `VLCHAT_KERNEL_BACKEND` (auto | triton | torch) forces an implementation for
 every op (`triton`: our GPU kernels, the Gluon ones on sm_90 included); the
 engine's config can set the same choice with `set_backend`.
+
+`VLCHAT_LAUNCH_DIRECT=0` makes kernels/launch.py launch every kernel through
+Triton's `kernel[grid]` (its per-call binding; for comparison, or should a
+Triton version's internals differ), and `VLCHAT_LAUNCH_CHECK=1` check each
+direct launch against Triton's own specialization.
 """
 
 from __future__ import annotations
@@ -43,3 +48,24 @@ def forced(name: str):
         yield
     finally:
         set_backend(previous)
+
+
+_launch_direct = os.environ.get("VLCHAT_LAUNCH_DIRECT", "1").strip() not in ("", "0")
+_launch_check = os.environ.get("VLCHAT_LAUNCH_CHECK", "0").strip() not in ("", "0")
+
+
+def launch_check() -> bool:
+    """`VLCHAT_LAUNCH_CHECK=1`: kernels/launch.py checks every direct launch against Triton's own specialization
+    (the GPU tests set it; it costs Triton's binding again on every call)."""
+    return _launch_check
+
+
+def launch_direct() -> bool:
+    """Whether kernels/launch.py may launch compiled variants directly (`VLCHAT_LAUNCH_DIRECT`, default on)."""
+    return _launch_direct
+
+
+def set_launch_direct(on: bool) -> None:
+    """Turn direct launches on or off (benchmarks/launch.py compares the two in one process)."""
+    global _launch_direct
+    _launch_direct = bool(on)

@@ -7,6 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every direct kernel launch is checked against Triton's own specialization (kernels/launch.py).
+os.environ.setdefault("VLCHAT_LAUNCH_CHECK", "1")
 
 import torch  # noqa: E402
 

@@ -34,26 +34,34 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
     return impl(k, v, k_cache, v_cache, slot_mapping)
 
 
+def _memo(impl, reference_impl, cache_memo) -> dict:
+    """The kernels' `cache_memo` argument (the reference builds no descriptors and takes none)."""
+    return {} if impl is reference_impl else {"cache_memo": cache_memo}
+
+
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
-    config=None,
+    config=None, cache_memo=None,
 ):  # fmt: skip
-    """config: the kernel config `num_splits` was planned for (plan.decode_plan), else the kernel plans."""
+    """config: the kernel config `num_splits` was planned for (plan.decode_plan), else the kernel plans.
+    cache_memo: a dict the caches' owner keeps with them and empties when it replaces them (decode.py)."""
     impl = dispatch.get_impl(DECODE, q.dtype, device_for(q))
     return impl(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, softcap, config=config
-    )
+        q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, softcap, config=config,
+        **_memo(impl, reference.paged_decode_attention, cache_memo),
+    )  # fmt: skip
 
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0, k=None, v=None,
+    sliding_window=None, softcap=0.0, k=None, v=None, cache_memo=None,
 ):  # fmt: skip
-    """k, v: optionally the chunk's own rows (just written to the cache), read instead of their pages."""
+    """k, v: optionally the chunk's own rows (just written to the cache), read instead of their pages.
+    cache_memo: as paged_decode_attention's."""
     impl = dispatch.get_impl(PREFILL, q.dtype, device_for(q))
     return impl(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal, sliding_window,
-        softcap, k, v,
+        softcap, k, v, **_memo(impl, reference.paged_prefill_attention, cache_memo),
     )  # fmt: skip
 
 

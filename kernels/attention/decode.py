@@ -43,6 +43,7 @@ from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype,
 from kernels.attention.gluon_sm90 import LOG2E
 from kernels.attention.pdl import dependent_launch, gdc_wait, launch_next_then_wait, pdl_options
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 _LOG2E = tl.constexpr(LOG2E)
 
@@ -178,13 +179,14 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
-    *, device=None, config: DecodeConfig | WsDecodeConfig | None = None,
+    *, device=None, config: DecodeConfig | WsDecodeConfig | None = None, cache_memo: dict | None = None,
 ):  # fmt: skip
     """Paged decode; `device` overrides the arch table (tests run other archs' configs) and `config` the plan's
     config (the engine passes the one its split count was planned with; tests pick one), else plan.decode_plan picks
     the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel where
     `decode_ws.available` and `supports` the call, else the Triton config decode_plan pairs with the same split
-    count (plan.triton_config)."""
+    count (plan.triton_config). `cache_memo`: a dict the caches' owner keeps with them (and empties when it
+    replaces them), where the Gluon kernel keeps their TMA descriptors (gluon_sm90.row_descriptor)."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     device = device or device_for(q)
@@ -217,10 +219,10 @@ def paged_decode_attention(
     if isinstance(config, WsDecodeConfig):
         decode_ws.launch(
             q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, part, lse, config,
-            pdl,
+            pdl, cache_memo,
         )  # fmt: skip
     else:
-        _decode_kernel[(kv_heads, batch, num_splits)](
+        launch_compiled(_decode_kernel, (kv_heads, batch, num_splits),
             q, k_cache, v_cache, block_tables, seq_lens, out, part, lse,
             float(scale), float(softcap or 1.0), int(sliding_window or 0), num_splits,
             q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
@@ -241,7 +243,7 @@ def reduce_partials(part, lse, out, pdl: bool):
     [batch, q_heads, splits] (contiguous) into out [batch, q_heads, head_dim]; returns the launched kernel (Triton's
     CompiledKernel; None under the interpreter)."""
     batch, q_heads, num_splits, head_dim = part.shape
-    kernel = _reduce_kernel[(batch, q_heads)](
+    kernel = launch_compiled(_reduce_kernel, (batch, q_heads),
         part, lse, out, num_splits, *part.stride()[:3], out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
         PDL=pdl, num_warps=4, **pdl_options(pdl),

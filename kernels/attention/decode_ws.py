@@ -108,6 +108,7 @@ from kernels.attention.gluon_sm90 import (
 )
 from kernels.attention.pdl import gdc_launch_dependents, gdc_wait, pdl_options
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 MAX_GROUP = 64  # query heads per KV head the kernel takes (its query columns, wgmma's N, go up to 64)
 # the consumer keeps a stale running maximum while no score exceeds it by more than this (base 2): probabilities up
@@ -392,23 +393,31 @@ def page_lanes(config, page: int) -> int:
     return triton.next_power_of_2(config.num_stages * boxes)
 
 
-def descriptors(q, k_cache, v_cache, block_n: int, pack: int = 1):
+def descriptors(q, k_cache, v_cache, block_n: int, pack: int = 1, cache_memo: dict | None = None):
     """TMA descriptors of the query (a 3-D box of query_columns rows per (sequence, CTA's KV heads)) and of the
     caches' rows (one box per page: [page, head_dim] of the [tokens, heads * head_dim] view, or with `pack` KV heads
-    per CTA [page, pack, head_dim] of the [tokens, heads, head_dim] view)."""
+    per CTA [page, pack, head_dim] of the [tokens, heads, head_dim] view); the caches' kept in `cache_memo`
+    (gluon_sm90.row_descriptor)."""
     head_dim, page, kv_heads = q.shape[-1], k_cache.shape[1], k_cache.shape[2]
     columns = query_columns(q.shape[1] // kv_heads * pack)
     q_layout = shared_layout((1, columns, head_dim), q.dtype)
     q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, columns, head_dim], q_layout)
     if pack == 1:
         kv_layout = shared_layout((block_n, head_dim), q.dtype)
-        return q_desc, row_descriptor(k_cache, page, kv_layout), row_descriptor(v_cache, page, kv_layout)
+        kc = row_descriptor(k_cache, page, kv_layout, cache_memo)
+        return q_desc, kc, row_descriptor(v_cache, page, kv_layout, cache_memo)
     box = [page, pack, head_dim]
     kv_layout = shared_layout(tuple(box), q.dtype)
 
     def heads_view(t):
-        shape = [t.numel() // (kv_heads * head_dim), kv_heads, head_dim]
-        return TensorDescriptor(t, shape, [t.stride(-3), t.stride(-2), 1], box, kv_layout)
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, tuple(box), kv_layout)
+        desc = None if cache_memo is None else cache_memo.get(key)
+        if desc is None:
+            shape = [t.numel() // (kv_heads * head_dim), kv_heads, head_dim]
+            desc = TensorDescriptor(t, shape, [t.stride(-3), t.stride(-2), 1], box, kv_layout)
+            if cache_memo is not None:
+                cache_memo[key] = desc
+        return desc
 
     return q_desc, heads_view(k_cache), heads_view(v_cache)
 
@@ -430,9 +439,12 @@ def constexprs(q_heads: int, kv_heads: int, head_dim: int, page: int, config, nu
     )  # fmt: skip
 
 
-def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False):
+def launch(
+    q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False,
+    cache_memo=None,
+):  # fmt: skip
     """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
-    log-sum-exps for `decode._reduce_kernel`."""
+    log-sum-exps for `decode._reduce_kernel`. `cache_memo`: `descriptors`."""
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     pack = config.pack_heads
@@ -441,9 +453,9 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_split
             f"decode_ws config {config} cannot take {pack} KV heads per CTA here: {kv_heads} KV heads, query groups "
             f"of {q_heads // kv_heads}, pages of {page} tokens (packs() says what it needs)"
         )
-    q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n, pack)
+    q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n, pack, cache_memo)
     part_strides = (0, 0, 0) if num_splits == 1 else part.stride()[:3]
-    _ws_decode_kernel[(kv_heads // pack, batch, num_splits)](
+    launch_compiled(_ws_decode_kernel, (kv_heads // pack, batch, num_splits),
         q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides, **constexprs(q_heads, kv_heads, head_dim, page, config, num_splits, pdl),

@@ -18,6 +18,7 @@ import triton.language as tl
 from kernels.attention.configs import check_dtype, table_for
 from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 
 @triton.jit
@@ -64,7 +65,7 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, *, device=None):
     if tokens == 0:
         return
     pdl = dependent_launch(device)
-    _kv_write_kernel[(tokens,)](
+    launch_compiled(_kv_write_kernel, (tokens,),
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(kv_heads),

@@ -30,6 +30,7 @@ from kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtyp
 from kernels.attention.decode import _tanh
 from kernels.attention.gluon_sm90 import LOG2E, tma_rows_ok
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -262,7 +263,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
         pre_scale, post_scale = 1.0, scale * LOG2E
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), config.block_m)
     grid, heads_first = launch_order.grid(q_heads, batch, m_blocks)
-    _prefill_kernel[grid](
+    launch_compiled(_prefill_kernel, grid,
         q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables,
         float(pre_scale), float(post_scale), int(window or 0),
         q.stride(0), q.stride(1), *r_strides, *c_strides, out.stride(0), out.stride(1),
@@ -309,12 +310,14 @@ def ws_plan(q, k, v, k_cache, v_cache, causal, window, softcap, device, config) 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
     sliding_window=None, softcap=0.0, k=None, v=None, *, device=None, config: PrefillConfig | None = None, out=None,
+    cache_memo: dict | None = None,
 ):  # fmt: skip
     """Paged prefill: the warp-specialized Gluon kernel where `ws_plan` allows (sm_90), else the Triton kernel;
     `device`/`config` override the arch table (tests run other archs' configs; a config forces Triton).
 
     k, v (optional): the chunk's own K/V rows [total_q, kv_heads, head_dim], the ones just written to the
-    cache; given, the chunk's keys are read from them and only the cached prefix from the pages."""
+    cache; given, the chunk's keys are read from them and only the cached prefix from the pages.
+    cache_memo: as paged_decode_attention's."""
     # q: [total_q, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
         raise ValueError("q must be [tokens, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]")
@@ -333,7 +336,7 @@ def paged_prefill_attention(
     if ws is not None:
         return prefill_ws.launch(
             q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
-            sliding_window, ws,
+            sliding_window, ws, cache_memo,
         )  # fmt: skip
     return launch(
         q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,

@@ -56,6 +56,7 @@ from kernels.attention.gluon_sm90 import (
     warpgroup_mma_wait,
 )
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 
@@ -327,9 +328,12 @@ if gluon is not None:
         ], [4, 1], [240, 24])  # fmt: skip
 
 
-def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, config):
+def launch(
+    q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, config, cache_memo=None,
+):  # fmt: skip
     """Run the kernel (`supports` must hold). k/v: the chunk's rows; k_cache/v_cache: the paged caches holding
-    each sequence's cached prefix, or None (varlen: no prefix)."""
+    each sequence's cached prefix, or None (varlen: no prefix); their descriptors kept in `cache_memo`
+    (gluon_sm90.row_descriptor)."""
     batch = cu_q.shape[0] - 1
     q_heads, head_dim = q.shape[1], q.shape[2]
     q_layout = shared_layout((ROWS, head_dim), q.dtype)
@@ -339,10 +343,12 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     k_desc, v_desc = row_descriptor(k, config.block_n, kv_layout), row_descriptor(v, config.block_n, kv_layout)
     page = k_cache.shape[1] if paged else 16
     # a page's box lands in a slice of the tile's buffer, so it takes the tile's layout
-    kc_desc, vc_desc = (row_descriptor(c, page, kv_layout) for c in (k_cache, v_cache)) if paged else (k_desc, v_desc)
+    kc_desc, vc_desc = (
+        (row_descriptor(c, page, kv_layout, cache_memo) for c in (k_cache, v_cache)) if paged else (k_desc, v_desc)
+    )
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), 2 * ROWS)
     grid, heads_first = launch_order.grid(q_heads, batch, m_blocks)
-    _ws_prefill_kernel[grid](
+    launch_compiled(_ws_prefill_kernel, grid,
         row_descriptor(q, ROWS, q_layout), k_desc, v_desc, kc_desc, vc_desc, out, cu_q, kv_lens if paged else cu_q,
         tables if paged else cu_q, out.stride(0), out.stride(1), tables.stride(0) if paged else 0, scale * LOG2E,
         int(window or 0) if has_window else 0,

@@ -15,6 +15,7 @@ import triton.language as tl
 from kernels import dispatch
 from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 SILU = "ops.silu_and_mul"
 GELU_TANH = "ops.gelu_tanh_and_mul"
@@ -67,8 +68,19 @@ def _act_and_mul_triton(x, act):
     if tokens > 0 and inter > 0:
         grid = (tokens, triton.cdiv(inter, BLOCK))
         pdl = dependent_launch(device_for(x))
-        _act_and_mul_kernel[grid](
-            x, out, x.stride(0), out.stride(0), inter, ACT=act, BLOCK=BLOCK, PDL=pdl, num_warps=4, **pdl_options(pdl)
+        launch_compiled(
+            _act_and_mul_kernel,
+            grid,
+            x,
+            out,
+            x.stride(0),
+            out.stride(0),
+            inter,
+            ACT=act,
+            BLOCK=BLOCK,
+            PDL=pdl,
+            num_warps=4,
+            **pdl_options(pdl),
         )
     return out
 

@@ -29,6 +29,7 @@ import triton.language as tl
 from kernels import dispatch
 from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import DeviceInfo, device_for
+from kernels.launch import launch_compiled
 
 OP = "ops.linear"
 GEMV_MAX_TOKENS = 1  # rows per call that take the GEMV; more take the GEMM
@@ -101,7 +102,7 @@ def gemv(x, weight, bias=None, out_dtype=None, *, device: DeviceInfo | None = No
         return out.zero_() if bias is None else out.copy_(bias.expand(tokens, n))
     cfg = config or gemv_config(n, k)
     pdl = dependent_launch(device)
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+    launch_compiled(_gemv_kernel, (triton.cdiv(n, cfg.block_n),),
         x, weight, bias if bias is not None else weight, out, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
         num_warps=cfg.num_warps, **pdl_options(pdl),

@@ -20,6 +20,7 @@ import triton.language as tl
 from kernels import dispatch
 from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 OP = "ops.rms_norm"
 MAX_HIDDEN = 65536  # one program holds a whole row
@@ -81,7 +82,7 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
     block = triton.next_power_of_2(hidden)
     pdl = dependent_launch(device_for(x))
     if tokens > 0:
-        _rms_norm_kernel[(tokens,)](
+        launch_compiled(_rms_norm_kernel, (tokens,),
             x, res, weight.contiguous(), out, new_res,
             x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
             hidden, float(eps), float(weight_offset),

@@ -22,6 +22,7 @@ import triton.language as tl
 from kernels import dispatch
 from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from kernels.device import device_for
+from kernels.launch import launch_compiled
 
 OP = "ops.apply_rotary"
 
@@ -109,7 +110,7 @@ def apply_rotary_triton(q, k, positions, cos_sin_cache, rotary_dim=None, is_neox
     q_blocks = triton.cdiv(q_heads, block_h)
     grid = (tokens, q_blocks + triton.cdiv(k_heads, block_h))
     pdl = dependent_launch(device_for(q))
-    _rotary_kernel[grid](
+    launch_compiled(_rotary_kernel, grid,
         q, k, q_out, k_out, positions, cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1), k_out.stride(0),
         k_out.stride(1), cache.stride(0), q_heads, k_heads, q_blocks,

@@ -48,7 +48,17 @@ class Attention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window or None
         self.softcap = softcap
-        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cache_memo: dict = {}  # what the kernels keep per cache (their TMA descriptors), emptied with it
+
+    @property
+    def kv_cache(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self._kv_cache
+
+    @kv_cache.setter
+    def kv_cache(self, caches: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self._kv_cache = caches
+        self._cache_memo = {}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]
@@ -63,11 +73,12 @@ class Attention(nn.Module):
             return paged_prefill_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,
                 ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap, k=k, v=v,
+                cache_memo=self._cache_memo,
             )  # fmt: skip
         return paged_decode_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap,
-            config=ctx.decode_config,
+            config=ctx.decode_config, cache_memo=self._cache_memo,
         )  # fmt: skip
 
     def _mixed(self, q, k, v, k_cache, v_cache, ctx) -> torch.Tensor:
@@ -78,12 +89,12 @@ class Attention(nn.Module):
         paged_decode_attention(
             q[:nd], k_cache, v_cache, ctx.block_tables[:nd], ctx.seq_lens[:nd], self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap, out=out[:nd],
-            config=ctx.decode_config,
+            config=ctx.decode_config, cache_memo=self._cache_memo,
         )  # fmt: skip
         out[nd:] = paged_prefill_attention(
             q[nd:], k_cache, v_cache, ctx.prefill_block_tables, ctx.prefill_cu_seqlens_q, ctx.prefill_seq_lens,
             self.scale, ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
-            k=k[nd:], v=v[nd:],
+            k=k[nd:], v=v[nd:], cache_memo=self._cache_memo,
         )  # fmt: skip
         return out
 

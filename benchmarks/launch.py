@@ -1,0 +1,101 @@
+"""Host time of an eager kernel call: Triton's `kernel[grid]` against kernels/launch.py's direct launch.
+
+Each kernel wrapper is called in a loop on tiny inputs (benchmarks/step_profile.py `host_cases`: the GPU work is
+negligible, so the loop runs at the host's rate), once as before kernels/launch.py (every launch through
+`kernel[grid]`, the caches' TMA descriptors built on every call) and once as the engine calls now (direct launches
+of the compiled variants, the caches' descriptors kept by their owner). Median of interleaved rounds. An eager
+engine step (one that prefills) makes these calls once per layer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
+from benchmarks.runtime import sync
+from benchmarks.step_profile import host_cases
+from kernels import settings
+from kernels.device import get_device_info
+
+# the kernel calls of one decoder layer in an eager step with decode rows and a prefill (llm/layers)
+LAYER_CALLS = {"rms_norm + residual": 2, "rotary q,k": 1, "write_kv_cache": 1, "decode (1 split)": 1, "prefill": 1,
+               "silu_and_mul": 1}  # fmt: skip
+
+
+def host_us(fn, calls: int) -> float:
+    """Host microseconds per call of `fn` in a loop of `calls` (after a warm-up), the GPU drained before and after."""
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    sync()
+    return host / calls * 1e6
+
+
+def measure(device: str, rounds: int, calls: int) -> list[dict]:
+    """Per case: the median over `rounds` of host us per call before and now, the two measured in turn."""
+    before_cases, now_cases = host_cases(device, cache_memo=False), host_cases(device, cache_memo=True)
+    samples: dict[str, dict[str, list[float]]] = {name: {"before": [], "now": []} for name in now_cases}
+    kept = settings.launch_direct()
+    try:
+        for _ in range(rounds):
+            for name in now_cases:
+                settings.set_launch_direct(False)
+                samples[name]["before"].append(host_us(before_cases[name], calls))
+                settings.set_launch_direct(True)
+                samples[name]["now"].append(host_us(now_cases[name], calls))
+    finally:
+        settings.set_launch_direct(kept)
+    return [
+        {"case": name, "before_us": statistics.median(s["before"]), "now_us": statistics.median(s["now"]),
+         "before_all": s["before"], "now_all": s["now"]}
+        for name, s in samples.items()
+    ]  # fmt: skip
+
+
+def markdown(res: dict) -> str:
+    lines = [
+        f"# Host time of eager kernel calls on {res['device']}'s host",
+        "",
+        f"{versions_line(res)}. {res['calls']} calls per measurement, median of {res['rounds']} interleaved rounds "
+        "(benchmarks/launch.py says what each column runs).",
+        "",
+        "| call | kernel[grid], descriptors every call: us | direct launch, kept descriptors: us | saved us | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['case']} | {r['before_us']:.1f} | {r['now_us']:.1f} | {r['before_us'] - r['now_us']:.1f} | "
+            f"{r['before_us'] / r['now_us']:.2f}x |"
+        )
+    by_case = {r["case"]: r for r in res["rows"]}
+    layer = [(name, LAYER_CALLS[name]) for name in LAYER_CALLS if name in by_case]
+    before = sum(by_case[name]["before_us"] * n for name, n in layer)
+    now = sum(by_case[name]["now_us"] * n for name, n in layer)
+    calls = ", ".join(f"{n}x {name}" for name, n in layer)
+    lines += [
+        "",
+        f"A layer of an eager step that decodes and prefills ({calls}): {before:.0f} us of host time before, "
+        f"{now:.0f} us now; the GEMMs' and other torch ops' time aside.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = results_parser(__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    device = get_device_info()
+    where = "cuda" if device.is_cuda else "cpu"
+    res = {**device_header(device), "rounds": args.rounds, "calls": args.calls}
+    res["rows"] = measure(where, args.rounds, args.calls)
+    save_results(result_stem(args.out, "launch", device.name), res, markdown)
+
+
+if __name__ == "__main__":
+    main()
