@@ -44,13 +44,15 @@ _SLOW = object()  # an argument this module does not key: the call takes kernel[
 class _Kernel:
     """What `launch_compiled` keeps per JITFunction: its parameters and compiled variants."""
 
-    __slots__ = ("names", "constexpr", "runtime", "defaults", "variants", "device", "stream")
+    __slots__ = ("names", "constexpr", "runtime", "leading", "defaults", "variants", "device", "stream")
 
     def __init__(self, fn) -> None:
         params = inspect.signature(fn.fn).parameters
         self.names = tuple(params)
         self.constexpr = frozenset(p.name for p in fn.params if p.is_constexpr)
         self.runtime = frozenset(self.names) - self.constexpr
+        # how many parameters come before the first constexpr: positional arguments past them are keyed by value
+        self.leading = next((i for i, n in enumerate(self.names) if n in self.constexpr), len(self.names))
         self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
         self.variants: dict = {}  # key -> (CompiledKernel, names after the positional ones, Triton's specialization)
         self.device = self.stream = None  # the active driver's, set at the first launch
@@ -87,6 +89,15 @@ def _key(kernel: _Kernel, args, kwargs):
     kinds are keyed inline (a call per argument costs the host about as much as Triton's own binding saved)."""
     keys = [len(args)]
     append = keys.append
+    if len(args) > kernel.leading:  # a constexpr given by position
+        for name, value in zip(kernel.names[kernel.leading :], args[kernel.leading :], strict=False):
+            if name in kernel.constexpr:
+                append((name, value))
+            elif (k := arg_key(value)) is _SLOW:
+                return None
+            else:
+                append((name, k))
+        args = args[: kernel.leading]
     for value in args:
         if isinstance(value, torch.Tensor):
             append((value.dtype, not value.data_ptr() & 15))

@@ -70,6 +70,9 @@ def test_call_key_takes_constexprs_by_value_and_runtime_arguments_by_kind():
     by_name = launch._key(kernel, (x, x, 64, 1), {"scale": 0.5, "BLOCK": 32})
     assert by_name == launch._key(kernel, (x, x, 64, 1), {"scale": 3.0, "BLOCK": 32})
     assert launch._key(kernel, (x, "text", 64, 1, 0.5), {"BLOCK": 32}) is None
+    # a constexpr given by position is keyed by value too
+    assert launch._key(kernel, (x, x, 64, 1, 0.5, 32), {}) != launch._key(kernel, (x, x, 64, 1, 0.5, 64), {})
+    assert launch._key(kernel, (x, x, 64, 1, 0.5, 32), {}) == launch._key(kernel, (x, x, 48, 1, 2.0, 32), {})
 
 
 def _inputs(n, stride):
