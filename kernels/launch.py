@@ -4,9 +4,9 @@
 alignment, an integer on its range, on being 1 and on divisibility by 16, a TMA descriptor on its element type,
 box and layout), hashes the result and looks up the compiled kernel: on the H200's host (2026-12-01) 13-53 us a
 call, of which the launch itself is 5-18 (`benchmarks/results/launch_NVIDIA_H200.md`). An eager engine step
-launches some 260 of them. `launch_compiled` keeps each kernel's compiled variants under a key that is at least as fine
-as Triton's specialization, computed here in one pass over the arguments, and launches a variant it already
-holds directly; a new key goes through `kernel[grid]` once (compiling only where Triton has not) and is kept.
+launches some 260 of them. `launch_compiled` keeps each kernel's compiled variants under a key at least as fine as
+Triton's specialization, computed here in one pass over the arguments, and launches a variant it already holds
+directly; a new key goes through `kernel[grid]` once (compiling only where Triton has not) and is kept.
 
 The key is finer than Triton's, never coarser: an integer's key holds its range class, whether it is 1 and whether
 16 divides it; a tensor's its dtype and alignment; a descriptor's its element type, box, layout and alignment;
@@ -16,9 +16,9 @@ value. A finer key costs a slow call the first time it is seen, nothing after. A
 own binder and fails if Triton would have chosen another variant; the GPU tests run with it.
 
 The direct path calls `CompiledKernel.run` with the arguments in the kernel's parameter order, the call
-`CompiledKernel.__getitem__` makes, the same in Triton 3.6 and 3.8. It is off under the interpreter, where Triton
-installs a launch hook (a profiler such as proton: its hook sees every launch through `kernel[grid]`), and for
-anything but a JITFunction.
+`CompiledKernel.__getitem__` makes, the same in Triton 3.6 and 3.8. It is off under the interpreter (anything but a
+JITFunction), for a callable grid, and while a launch hook is installed (a profiler such as proton: its hook sees
+every launch through `kernel[grid]`).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _hooked(hook) -> bool:
 def launch_compiled(fn, grid, *args, **kwargs):
     """`fn[grid](*args, **kwargs)`, launching a compiled variant it already holds directly (module docstring).
     Returns what `fn[grid]` returns: the CompiledKernel (None under the interpreter)."""
-    if not enabled(fn):
+    if not enabled(fn) or callable(grid):
         return fn[grid](*args, **kwargs)
     kernel = _kernels.get(id(fn))
     if kernel is None:
@@ -153,9 +153,9 @@ def launch_compiled(fn, grid, *args, **kwargs):
         return fn[grid](*args, **kwargs)
     if variant is None:
         compiled = fn[grid](*args, **kwargs)
-        tail = kernel.names[len(args) :]
-        spec = _specialization(fn, device, args, kwargs) if settings.launch_check() else None
-        kernel.variants[key] = (compiled, tail, spec)
+        if compiled is not None:
+            spec = _specialization(fn, device, args, kwargs) if settings.launch_check() else None
+            kernel.variants[key] = (compiled, kernel.names[len(args) :], spec)
         return compiled
     compiled, tail, spec = variant
     try:
