@@ -18,26 +18,13 @@ import time
 
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from benchmarks.runtime import sync
-from benchmarks.step_profile import host_cases
+from benchmarks.step_profile import host_cases, host_us
 from kernels import settings
 from kernels.device import get_device_info
 
 # the kernel calls of one decoder layer in an eager step with decode rows and a prefill (llm/layers)
 LAYER_CALLS = {"rms_norm + residual": 2, "rotary q,k": 1, "write_kv_cache": 1, "decode (1 split)": 1, "prefill": 1,
                "silu_and_mul": 1}  # fmt: skip
-
-
-def host_us(fn, calls: int) -> float:
-    """Host microseconds per call of `fn` in a loop of `calls` (after a warm-up), the GPU drained before and after."""
-    for _ in range(3):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = time.perf_counter() - t0
-    sync()
-    return host / calls * 1e6
 
 
 def measure(device: str, rounds: int, calls: int) -> list[dict]:

@@ -87,20 +87,22 @@ def host_cases(device: str = "cuda", cache_memo: bool = True) -> dict:
     }
 
 
+def host_us(fn, calls: int) -> float:
+    """Host microseconds per call of `fn` in a loop of `calls` (after a warm-up), the GPU drained before and after."""
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    sync()
+    return host / calls * 1e6
+
+
 def host_costs(device: str = "cuda", calls: int = 300) -> dict:
     """Host microseconds per call of each of `host_cases`."""
-    out = {}
-    for name, fn in host_cases(device).items():
-        for _ in range(3):
-            fn()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host = time.perf_counter() - t0
-        sync()
-        out[name] = host / calls * 1e6
-    return out
+    return {name: host_us(fn, calls) for name, fn in host_cases(device).items()}
 
 
 def python_profile(engine, steps: int, before_step, top: int = 30) -> list[dict]:
