@@ -96,6 +96,7 @@ from kernels.attention.gluon_sm90 import (
     gl,
     gluon,
     issue_page_boxes,
+    kept,
     load_page_lanes,
     mbarrier,
     on_sm90,
@@ -410,14 +411,11 @@ def descriptors(q, k_cache, v_cache, block_n: int, pack: int = 1, cache_memo: di
     kv_layout = shared_layout(tuple(box), q.dtype)
 
     def heads_view(t):
-        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, tuple(box), kv_layout)
-        desc = None if cache_memo is None else cache_memo.get(key)
-        if desc is None:
+        def build():
             shape = [t.numel() // (kv_heads * head_dim), kv_heads, head_dim]
-            desc = TensorDescriptor(t, shape, [t.stride(-3), t.stride(-2), 1], box, kv_layout)
-            if cache_memo is not None:
-                cache_memo[key] = desc
-        return desc
+            return TensorDescriptor(t, shape, [t.stride(-3), t.stride(-2), 1], box, kv_layout)
+
+        return kept(cache_memo, t, (tuple(box), kv_layout), build)
 
     return q_desc, heads_view(k_cache), heads_view(v_cache)
 

@@ -66,15 +66,24 @@ def row_descriptor(t, block_rows, layout, memo: dict | None = None):
     With `memo`, a dict owned by whoever owns `t` (the attention layer, for its KV cache: `cache_memo` in
     decode.py), the descriptor is built once per tensor, box and layout and kept there (it holds `t`): building one
     costs about 6 us of the H200 host's time, and an eager step builds four per layer for the caches."""
-    if memo is not None:
-        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, block_rows, layout)
-        desc = memo.get(key)
-        if desc is None:
-            desc = memo[key] = row_descriptor(t, block_rows, layout)
-        return desc
     head_dim, heads = t.shape[-1], t.shape[-2]
-    tokens = t.numel() // (heads * head_dim) if t.dim() == 4 else t.shape[0]
-    return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(-3), 1], [block_rows, head_dim], layout)
+
+    def build():
+        tokens = t.numel() // (heads * head_dim) if t.dim() == 4 else t.shape[0]
+        return TensorDescriptor(t, [tokens, heads * head_dim], [t.stride(-3), 1], [block_rows, head_dim], layout)
+
+    return kept(memo, t, (block_rows, layout), build)
+
+
+def kept(memo: dict | None, t, box, build):
+    """`build()`, a descriptor of `t` with this box, made once and kept in `memo` (without a memo, every call)."""
+    if memo is None:
+        return build()
+    key = (t.data_ptr(), t.shape, t.stride(), t.dtype, box)
+    desc = memo.get(key)
+    if desc is None:
+        desc = memo[key] = build()
+    return desc
 
 
 def gl_dtype(dtype):

@@ -113,6 +113,40 @@ def test_a_decode_step_runs_the_kernel_config_of_its_metadata(monkeypatch):
     torch.testing.assert_close(out[0], naive_attention(q, k, v, HEAD_DIM**-0.5)[11], atol=ATOL, rtol=0)
 
 
+def test_the_layer_hands_the_kernels_its_cache_memo_and_empties_it_with_a_new_cache(monkeypatch):
+    """The kernels keep the caches' TMA descriptors in the layer's memo (they hold the caches): a new cache must
+    not find the old one's."""
+    import llm.layers.attention as layer_module
+
+    seen = []
+
+    def decode(*args, cache_memo=None, **kwargs):
+        seen.append(cache_memo)
+        cache_memo["descriptor"] = args[1]  # what a kernel would keep
+        return torch.zeros_like(args[0])
+
+    monkeypatch.setattr(layer_module, "paged_decode_attention", decode)
+    monkeypatch.setattr(layer_module, "write_kv_cache", lambda *args: None)
+    attn = Attention(HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS)
+    q, k = torch.randn(1, HEADS, HEAD_DIM), torch.randn(1, KV_HEADS, HEAD_DIM)
+    first = (torch.zeros(4, 4, KV_HEADS, HEAD_DIM), torch.zeros(4, 4, KV_HEADS, HEAD_DIM))
+    meta = AttentionMetadata(
+        is_prefill=False, slot_mapping=torch.tensor([0]), seq_lens=torch.tensor([1], dtype=torch.int32),
+        block_tables=torch.zeros(1, 1, dtype=torch.int32),
+    )  # fmt: skip
+    attn.kv_cache = first
+    with use_context(meta):
+        attn(q, k, k)
+        attn(q, k, k)
+    assert seen[0] is seen[1] and seen[0]["descriptor"] is first[0]
+    attn.kv_cache = (torch.zeros_like(first[0]), torch.zeros_like(first[1]))
+    with use_context(meta):
+        attn(q, k, k)
+    assert seen[2] is not seen[0] and seen[2]["descriptor"] is attn.kv_cache[0]
+    attn.kv_cache = None
+    assert attn.kv_cache is None and attn._cache_memo == {}
+
+
 def test_attention_without_context_or_cache_is_causal_per_sequence():
     torch.manual_seed(1)
     q, k, v = torch.randn(10, HEADS, HEAD_DIM), torch.randn(10, KV_HEADS, HEAD_DIM), torch.randn(10, KV_HEADS, HEAD_DIM)
