@@ -16,9 +16,9 @@ value. A finer key costs a slow call the first time it is seen, nothing after. A
 own binder and fails if Triton would have chosen another variant; the GPU tests run with it.
 
 The direct path calls `CompiledKernel.run` with the arguments in the kernel's parameter order, the call
-`CompiledKernel.__getitem__` makes, the same in Triton 3.6 and 3.8. It is off under the interpreter (anything but a
-JITFunction), for a callable grid, and while a launch hook is installed (a profiler such as proton: its hook sees
-every launch through `kernel[grid]`).
+`CompiledKernel.__getitem__` makes, the same in Triton 3.6 and 3.8. It is off on other Triton versions
+(DIRECT_TRITON), under the interpreter (anything but a JITFunction), for a callable grid, and while a launch hook is
+installed (a profiler such as proton: its hook sees every launch through `kernel[grid]`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,28 @@ import torch
 
 from kernels import settings
 
+# Triton versions whose launch path was read for this module (JITFunction.run's launch and
+# CompiledKernel.__getitem__, the same call in both) and whose kernels ran through it: 3.6 on the H200. 3.8's
+# source makes the identical call (this machine's Triton, CPU only). Other versions launch through kernel[grid].
+DIRECT_TRITON = ((3, 6), (3, 8))
+
+
+def direct_version(version: str) -> bool:
+    """Whether a Triton of this version takes the direct path (DIRECT_TRITON, bounds included)."""
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
+    return DIRECT_TRITON[0] <= (major, minor) <= DIRECT_TRITON[1]
+
+
 try:
+    import triton
     from triton import knobs
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
-except ImportError:  # no Triton: nothing launches here
+except ImportError:  # no Triton, or one without knobs (older than 3.4): kernel[grid] launches every kernel
     JITFunction = knobs = driver = None
+else:
+    if not direct_version(triton.__version__):
+        JITFunction = None
 
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64_MAX = (1 << 64) - 1

@@ -118,6 +118,13 @@ def test_direct_launches_reuse_variants_and_pass_the_check():
     assert launch.variants(_scaled_copy_kernel) - before <= len(keys)
 
 
+def test_direct_launches_only_on_the_triton_versions_read_for_them():
+    assert launch.direct_version("3.6.0") and launch.direct_version("3.8.0") and launch.direct_version("3.7.1+git12ab")
+    assert (
+        not launch.direct_version("3.5.1") and not launch.direct_version("3.9.0") and not launch.direct_version("4.0")
+    )
+
+
 def test_interpreter_and_foreign_callables_take_kernel_grid():
     info = get_device_info()
     if info.is_cuda:
