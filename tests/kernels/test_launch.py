@@ -103,19 +103,21 @@ def test_launch_matches_triton_and_the_reference(n, stride, scale, block):
         torch.testing.assert_close(_run(x, out, n, stride, scale, block, via_launch=False), want)
 
 
-@pytest.mark.skipif(not CUDA, reason="direct launches need a GPU (the interpreter takes kernel[grid])")
+@pytest.mark.skipif(
+    not CUDA or not launch.direct_version(triton.__version__),
+    reason="direct launches need a GPU (the interpreter takes kernel[grid]) and a Triton of DIRECT_TRITON",
+)
 def test_direct_launches_reuse_variants_and_pass_the_check():
     from kernels import settings
 
     assert settings.launch_check(), "the GPU tests run with VLCHAT_LAUNCH_CHECK=1 (tests/conftest.py)"
-    before = launch.variants(_scaled_copy_kernel)
     for n, stride, scale, block in CALLS * 3:
         x, out = _inputs(n, stride)
         torch.testing.assert_close(
             _run(x, out, n, stride, scale, block, via_launch=True), x[: n * stride : stride] * scale
         )
     keys = {(launch.arg_key(n), launch.arg_key(s), b) for n, s, _, b in CALLS}
-    assert launch.variants(_scaled_copy_kernel) - before <= len(keys)
+    assert 1 <= launch.variants(_scaled_copy_kernel) <= len(keys)  # one per key, however often it was called
 
 
 def test_direct_launches_only_on_the_triton_versions_read_for_them():
@@ -127,13 +129,14 @@ def test_direct_launches_only_on_the_triton_versions_read_for_them():
 
 def test_interpreter_and_foreign_callables_take_kernel_grid():
     info = get_device_info()
-    if info.is_cuda:
+    if info.is_cuda and launch.direct_version(triton.__version__):
         assert launch.enabled(_scaled_copy_kernel)
     else:
         assert not launch.enabled(_scaled_copy_kernel)
     assert not launch.enabled(lambda: None)
 
 
+@pytest.mark.skipif(not launch.direct_version(triton.__version__), reason="this Triton launches through kernel[grid]")
 def test_a_launch_hook_or_the_setting_turns_direct_launches_off():
     from triton import knobs
     from triton.runtime.jit import JITFunction
