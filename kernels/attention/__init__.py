@@ -34,11 +34,6 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
     return impl(k, v, k_cache, v_cache, slot_mapping)
 
 
-def _memo(impl, reference_impl, cache_memo) -> dict:
-    """The kernels' `cache_memo` argument (the reference builds no descriptors and takes none)."""
-    return {} if impl is reference_impl else {"cache_memo": cache_memo}
-
-
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     config=None, cache_memo=None,
@@ -48,7 +43,7 @@ def paged_decode_attention(
     impl = dispatch.get_impl(DECODE, q.dtype, device_for(q))
     return impl(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, softcap, config=config,
-        **_memo(impl, reference.paged_decode_attention, cache_memo),
+        cache_memo=cache_memo,
     )  # fmt: skip
 
 
@@ -61,7 +56,7 @@ def paged_prefill_attention(
     impl = dispatch.get_impl(PREFILL, q.dtype, device_for(q))
     return impl(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal, sliding_window,
-        softcap, k, v, **_memo(impl, reference.paged_prefill_attention, cache_memo),
+        softcap, k, v, cache_memo=cache_memo,
     )  # fmt: skip
 
 

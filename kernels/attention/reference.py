@@ -79,9 +79,10 @@ def _visible(q_pos, k_pos, kv_len, causal, sliding_window):
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
-    *, config=None,
+    *, config=None, cache_memo=None,
 ):  # fmt: skip
-    """One query token per sequence against its paged K/V (num_splits and the kernel config are ignored here)."""
+    """One query token per sequence against its paged K/V (num_splits, the kernel config and the caches' descriptor
+    memo are ignored here)."""
     # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
     if _fused_cpu(q, softcap):
         return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out)
@@ -175,9 +176,10 @@ def _gather_paged(cache, table_row, length):
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0, k=None, v=None,
+    sliding_window=None, softcap=0.0, k=None, v=None, *, cache_memo=None,
 ):  # fmt: skip
-    """Varlen queries (the last tokens of each sequence) against their paged K/V, prefix included.
+    """Varlen queries (the last tokens of each sequence) against their paged K/V, prefix included (the caches'
+    descriptor memo is ignored here).
 
     k, v (the chunk's own rows, already in the cache) are accepted for the Triton signature; the
     reference reads every key from the pages."""

@@ -68,20 +68,9 @@ def _act_and_mul_triton(x, act):
     if tokens > 0 and inter > 0:
         grid = (tokens, triton.cdiv(inter, BLOCK))
         pdl = dependent_launch(device_for(x))
-        launch_compiled(
-            _act_and_mul_kernel,
-            grid,
-            x,
-            out,
-            x.stride(0),
-            out.stride(0),
-            inter,
-            ACT=act,
-            BLOCK=BLOCK,
-            PDL=pdl,
-            num_warps=4,
-            **pdl_options(pdl),
-        )
+        launch_compiled(_act_and_mul_kernel, grid,
+            x, out, x.stride(0), out.stride(0), inter, ACT=act, BLOCK=BLOCK, PDL=pdl, num_warps=4, **pdl_options(pdl),
+        )  # fmt: skip
     return out
 
 
