@@ -49,6 +49,13 @@ class DeviceInfo:
         return torch.device("cuda" if self.is_cuda else "cpu")
 
 
+def triton_version(version: str) -> tuple[int, int]:
+    """(major, minor) of a Triton version string ("3.8.0+git1a2b3c" -> (3, 8)); the kernels' feature gates
+    compare it."""
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
+    return major, minor
+
+
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 

@@ -28,6 +28,7 @@ import inspect
 import torch
 
 from kernels import settings
+from kernels.device import triton_version
 
 # Triton versions whose launch path was read for this module (JITFunction.run's launch and
 # CompiledKernel.__getitem__, the same call in both) and whose kernels ran through it: 3.6 on the H200. 3.8's
@@ -37,8 +38,7 @@ DIRECT_TRITON = ((3, 6), (3, 8))
 
 def direct_version(version: str) -> bool:
     """Whether a Triton of this version takes the direct path (DIRECT_TRITON, bounds included)."""
-    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
-    return DIRECT_TRITON[0] <= (major, minor) <= DIRECT_TRITON[1]
+    return DIRECT_TRITON[0] <= triton_version(version) <= DIRECT_TRITON[1]
 
 
 try:

@@ -12,6 +12,8 @@ import functools
 import torch
 import triton
 
+from kernels.device import triton_version
+
 # Triton 3.5's Gluon warp_specialize takes another signature; the kernels compile for sm_90 with 3.6 and 3.8 (and
 # ran on the H200 with 3.6)
 GLUON_MIN = (3, 6)
@@ -19,8 +21,7 @@ GLUON_MIN = (3, 6)
 
 def gluon_usable(version: str) -> bool:
     """Whether a Triton of this version compiles the Gluon kernels."""
-    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:2])
-    return (major, minor) >= GLUON_MIN
+    return triton_version(version) >= GLUON_MIN
 
 
 try:
