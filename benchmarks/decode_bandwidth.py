@@ -19,7 +19,7 @@ copies to defeat the L2:
   ("runs 16", llm/engine/block_manager.py: RUN_BYTES of a layer's K cache per run; benchmarks/engine_pages.py);
 - ours on pages of 64 in order (the largest block size the kernels take).
 
-Ours is the plan (plan.decode_plan: config and split count) for each layout. SDPA and the three layouts are the
+Ours is the plan (plan.decode_plan: config and split count) for each layout. SDPA and each of LAYOUTS are the
 median of ROUNDS interleaved measurements; every time is also given as a fraction of the read floor's rate.
 
 Then time against size: B=1 at LINE_CONTEXTS (MHA and GQA, fp16), the read floor, SDPA and ours on shuffled and

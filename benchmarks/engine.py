@@ -79,7 +79,9 @@ def hf_greedy(model, ids: list[int], steps: int, device) -> tuple[list[int], flo
 def reconfigure(llm: LLM, num_blocks: int | None = None, budget: int | None = None, prefix: bool = True) -> None:
     """Give the loaded engine a fresh block manager / scheduler (same weights and KV tensors)."""
     e = llm.engine
-    e.block_manager = BlockManager(num_blocks or e.runner.num_blocks, e.config.cache.block_size, prefix)
+    e.block_manager = BlockManager(
+        num_blocks or e.runner.num_blocks, e.config.cache.block_size, prefix, e.block_manager.run_blocks
+    )
     cfg = SchedulerConfig(max_num_seqs=e.config.scheduler.max_num_seqs,
                           max_num_batched_tokens=budget or e.config.scheduler.max_num_batched_tokens)  # fmt: skip
     e.scheduler = Scheduler(cfg, e.block_manager)
