@@ -31,16 +31,12 @@ def measure(device: str, rounds: int, calls: int) -> list[dict]:
     """Per case: the median over `rounds` of host us per call before and now, the two measured in turn."""
     before_cases, now_cases = host_cases(device, cache_memo=False), host_cases(device, cache_memo=True)
     samples: dict[str, dict[str, list[float]]] = {name: {"before": [], "now": []} for name in now_cases}
-    kept = settings.launch_direct()
-    try:
-        for _ in range(rounds):
-            for name in now_cases:
-                settings.set_launch_direct(False)
+    for _ in range(rounds):
+        for name in now_cases:
+            with settings.launching_directly(False):
                 samples[name]["before"].append(host_us(before_cases[name], calls))
-                settings.set_launch_direct(True)
+            with settings.launching_directly(True):
                 samples[name]["now"].append(host_us(now_cases[name], calls))
-    finally:
-        settings.set_launch_direct(kept)
     return [
         {"case": name, "before_us": statistics.median(s["before"]), "now_us": statistics.median(s["now"]),
          "before_all": s["before"], "now_all": s["now"]}
@@ -67,22 +63,20 @@ def engine_steps(rounds: int, batch: int = 128) -> dict:
     for _ in range(50):  # every prompt prefilled, all decoding
         engine.step()
     times: dict[bool, list[float]] = {True: [], False: []}
-    kept = settings.launch_direct()
     try:
         for i in range(2 * rounds):
             direct = i % 2 == 0
-            settings.set_launch_direct(direct)
             prompt = (reqs[batch + i].prompt_token_ids * 8)[:256]
             engine.add_request(f"m{i}", prompt, SamplingParams(max_tokens=1), stream=True)
-            sync()
-            t0 = time.perf_counter()
-            engine.step()  # the decode batch and the new prompt's prefill
-            sync()
-            if i >= 4:  # the first two of each kind warm up
-                times[direct].append((time.perf_counter() - t0) * 1e3)
-            engine.step()  # a decode step (the one-token request leaves)
+            with settings.launching_directly(direct):
+                sync()
+                t0 = time.perf_counter()
+                engine.step()  # the decode batch and the new prompt's prefill
+                sync()
+                if i >= 4:  # the first two of each kind warm up
+                    times[direct].append((time.perf_counter() - t0) * 1e3)
+                engine.step()  # a decode step (the one-token request leaves)
     finally:
-        settings.set_launch_direct(kept)
         engine.close()
     return {"batch": batch, "direct_ms": statistics.median(times[True]),
             "kernel_grid_ms": statistics.median(times[False]), "direct_all": times[True],

@@ -65,7 +65,13 @@ def launch_direct() -> bool:
     return _launch_direct
 
 
-def set_launch_direct(on: bool) -> None:
-    """Turn direct launches on or off (benchmarks/launch.py compares the two in one process)."""
+@contextlib.contextmanager
+def launching_directly(on: bool):
+    """Direct launches on or off for the duration of a with-block (benchmarks/launch.py compares the two in one
+    process), then as they were."""
     global _launch_direct
-    _launch_direct = bool(on)
+    previous, _launch_direct = _launch_direct, bool(on)
+    try:
+        yield
+    finally:
+        _launch_direct = previous

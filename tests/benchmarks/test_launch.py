@@ -7,10 +7,12 @@ from tests.benchmarks.tables import result
 
 
 def test_measure_times_every_case_both_ways_and_restores_the_setting():
-    rows = measure("cpu", rounds=1, calls=2)
+    for kept in (False, True):  # whichever it was before, it is after
+        with settings.launching_directly(kept):
+            rows = measure("cpu", rounds=1, calls=2)
+            assert settings.launch_direct() is kept
     assert {r["case"] for r in rows} >= set(LAYER_CALLS)
     assert all(r["before_us"] > 0 and r["now_us"] > 0 and len(r["before_all"]) == 1 for r in rows)
-    assert settings.launch_direct()
 
 
 def test_markdown_reports_savings_the_layer_sum_and_the_engine_steps():

@@ -145,11 +145,8 @@ def test_a_launch_hook_or_the_setting_turns_direct_launches_off():
 
     fn = JITFunction(getattr(_scaled_copy_kernel, "fn", _scaled_copy_kernel))
     assert launch.enabled(fn)
-    settings.set_launch_direct(False)
-    try:
+    with settings.launching_directly(False):
         assert not launch.enabled(fn)
-    finally:
-        settings.set_launch_direct(True)
     hooks = knobs.runtime.launch_enter_hook
 
     def hook(*_):
