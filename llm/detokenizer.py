@@ -12,7 +12,8 @@ algorithm in Rust with the window's prefix text cached between releases: one cal
 decodes from Python (1.4-1.6x less host time per token with the test tokenizers, the demo model's and
 Gemma 3's). The window offsets are mirrored
 here, so a forced release (below), an unexpected decode, the end of generation and pickling all go through the
-Python window, and the stream restarts from its offsets.
+Python window; after a forced release and after unpickling, a stream restarts from the offsets (after a failed
+decode none does, and after the end of generation no token comes).
 
 Stop strings: text that could be the start of a stop string is held back until
 it either completes the stop string (generation stops; the text ends before it,

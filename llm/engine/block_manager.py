@@ -237,7 +237,8 @@ class BlockManager:
         run = block_id // self.run_blocks
         self.run_free[run] -= 1
         self.free_runs.pop(run, None)
-        if self.free_plain.pop(block_id, False) is None:  # it was never hashed
+        if block_id in self.free_plain:  # it was never hashed
+            del self.free_plain[block_id]
             self.run_plain[run] -= 1
             self.plain_runs.pop(run, None)
         else:

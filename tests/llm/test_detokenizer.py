@@ -146,7 +146,7 @@ def test_invalid_bytes_are_released_instead_of_held_forever():
 def _deltas(tok, prompt, ids, stream: bool, **kwargs):
     detok = IncrementalDetokenizer(tok, prompt, **kwargs)
     if not stream:
-        detok._stream = None  # the Python window only
+        detok._stream, detok._stream_ok = None, False  # the Python window only (no stream restarts either)
     else:
         assert detok._stream is not None  # a fast tokenizer: the DecodeStream path
     return [detok.add_token(t) for t in ids] + [detok.flush()]
