@@ -21,6 +21,8 @@ from tests.kernels.attention_helpers import needs_sm90
 from tests.llm.tiny import make_tiny_llama
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+# A tenth of the free GPU memory for the KV cache, not the default 0.9: test workers share the GPU (pytest -n)
+CACHE = {"cache_fraction": 0.1}
 PROMPTS = [[5, 17, 33, 2, 90, 41], [7] * 40]
 
 
@@ -46,7 +48,7 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, launched, capl
     longest = len(PROMPTS[1]) + GREEDY.max_tokens  # 52 keys: the 512-key context bucket
     for eager in (True, False):
         with caplog.at_level(logging.INFO, logger="llm.engine.cuda_graphs"):
-            llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager)
+            llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager, **CACHE)
         runner = llm.engine.runner
         plans = [runner.decode_plan(batch) for batch in (1, 2)]  # at max_model_len
         assert all(isinstance(config, WsDecodeConfig) for _, config in plans), plans
@@ -76,7 +78,7 @@ def test_many_short_sequences_decode_on_packed_kv_heads_in_graphs_and_eagerly(tm
     prompts = [[(7 * i + j) % 90 + 3 for j in range(5 + (37 * i) % 300)] for i in range(128)]
     results = {}
     for eager in (True, False):
-        llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager, max_num_seqs=128)
+        llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager, **CACHE, max_num_seqs=128)
         runner = llm.engine.runner
         assert runner.decode_plan(128, 400)[1].pack_heads == 4
         assert runner.decode_plan(128)[1].pack_heads == 1
@@ -99,7 +101,7 @@ def test_graph_steps_of_padded_buckets_match_eager_steps(tmp_path):
     params = [SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(7)]
     results = {}
     for eager in (True, False):
-        llm = LLM(str(model_dir), dtype="float32", device="cuda", enforce_eager=eager, max_num_seqs=8)
+        llm = LLM(str(model_dir), dtype="float32", device="cuda", enforce_eager=eager, **CACHE, max_num_seqs=8)
         assert (llm.engine.runner.graphs is None) == eager and llm.engine.async_scheduling
         results[eager] = [o.token_ids for o in llm.generate(prompts, params)]
         llm.close()
