@@ -59,6 +59,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = [s for s in stop if s]
+        self._longest_stop = max(map(len, self.stop), default=0)
         self.include_stop_str_in_output = include_stop_str_in_output
         self._ids = list(prompt_token_ids)[-PROMPT_CONTEXT:]
         self._prefix_offset = 0
@@ -144,11 +145,12 @@ class IncrementalDetokenizer:
 
         `check_stop=False` (e.g. before min_tokens) does not end on a stop string but still holds back its start.
         """
-        if self.stopped:
+        if self.stop_string is not None:
             return ""
         token_id = int(token_id)
-        self._ids.append(token_id)
-        if self._stream is not None:
+        ids = self._ids
+        ids.append(token_id)
+        if self._stream is not None:  # the engine's path, once per token of every running sequence: kept lean
             try:
                 piece = self._stream.step(self._backend, token_id)
             except Exception:  # noqa: BLE001 - e.g. a decode that no longer starts with its prefix: the window
@@ -156,9 +158,12 @@ class IncrementalDetokenizer:
             else:
                 if piece is not None:  # the same release as the window's below, offsets moved alike
                     self._take(piece)
+                    if not self.stop:  # nothing is held back: the piece is the release
+                        self._released = len(self._text)
+                        return piece
                     return self._release(check_stop, final=False)
-                if len(self._ids) - self._read_offset < MAX_CHAR_TOKENS:  # an open character, or no new text
-                    return self._release(check_stop, final=False)
+                if len(ids) - self._read_offset < MAX_CHAR_TOKENS:  # an open character, or no new text
+                    return self._release(check_stop, final=False) if self.stop else ""
         prefix_text, new_text = self._window()
         open_char = new_text.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_CHAR_TOKENS
         if len(new_text) > len(prefix_text) and not open_char:
@@ -195,8 +200,7 @@ class IncrementalDetokenizer:
         return self._text[start:end]
 
     def _find_stop(self) -> tuple[int, str] | None:
-        longest = max(len(s) for s in self.stop)
-        search_from = max(0, self._released - longest + 1)
+        search_from = max(0, self._released - self._longest_stop + 1)
         best: tuple[int, str] | None = None
         for stop in self.stop:
             index = self._text.find(stop, search_from)

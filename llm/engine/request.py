@@ -49,14 +49,14 @@ class Completion:
     def detokenize(self) -> bool:
         """Turn the appended tokens into text and check stop strings; True if a stop string ended the
         sequence here (it may already be scheduled for one more token, which the engine drops)."""
-        seq = self.seq
+        seq, detokenizer, queued = self.seq, self.detokenizer, self.queued
         was_running = not seq.is_finished
-        for token_id, may_stop in self.queued:
-            self.detokenizer.add_token(token_id, check_stop=may_stop)
-            if self.detokenizer.stopped:
-                seq.finish("stop", self.detokenizer.stop_string)  # a stop string wins over "length"
+        for token_id, may_stop in queued:
+            detokenizer.add_token(token_id, may_stop)
+            if detokenizer.stop_string is not None:
+                seq.finish("stop", detokenizer.stop_string)  # a stop string wins over "length"
                 break
-        self.queued.clear()
+        queued.clear()
         if seq.is_finished and not self.flushed:
             self.detokenizer.flush()  # release text held back for a stop string that never completed
             self.flushed = True
@@ -66,16 +66,17 @@ class Completion:
         """This completion's output; only what is new since the last one is copied here (the cumulative fields are
         views of the growing text and tokens, llm/outputs.CompletionOutput.view)."""
         seq, detok = self.seq, self.detokenizer
-        released, tokens, prompt = detok.num_released, len(seq.token_ids), seq.num_prompt_tokens
-        out = CompletionOutput.view(
+        token_ids, released, prompt = seq.token_ids, detok.num_released, seq.num_prompt_tokens
+        tokens = len(token_ids)
+        out = CompletionOutput.view(  # by position: this runs for every running completion at every step
             seq.index,
-            text=(detok.released_text, released),
-            tokens=(seq.token_ids, prompt, tokens),
-            logprobs=(seq.logprobs, len(seq.logprobs)) if seq.params.logprobs is not None else None,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            delta_text=detok.released_text(released, self.sent_text) if delta else "",
-            delta_token_ids=seq.token_ids[prompt + self.sent_tokens : tokens] if delta else [],
+            (detok.released_text, released),
+            (token_ids, prompt, tokens),
+            (seq.logprobs, len(seq.logprobs)) if seq.params.logprobs is not None else None,
+            seq.finish_reason,
+            seq.stop_reason,
+            detok.released_text(released, self.sent_text) if delta else "",
+            token_ids[prompt + self.sent_tokens : tokens] if delta else [],
         )
         self.sent_text, self.sent_tokens = released, tokens - prompt
         return out
@@ -104,11 +105,12 @@ class Request:
         return all(s.is_finished for s in self.seqs)
 
     def output(self, delta: bool = True, finished: bool | None = None) -> RequestOutput:
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt.token_ids,
-            outputs=[c.output(delta) for c in self.completions],
-            finished=self.finished if finished is None else finished,
-            prompt=self.prompt.text,
-            num_cached_tokens=self.seqs[0].num_cached_prompt_tokens,
+        prompt = self.prompt
+        return RequestOutput(  # request_id, prompt_token_ids, outputs, finished, prompt, num_cached_tokens
+            self.request_id,
+            prompt.token_ids,
+            [c.output(delta) for c in self.completions],
+            self.finished if finished is None else finished,
+            prompt.text,
+            self.seqs[0].num_cached_prompt_tokens,
         )
