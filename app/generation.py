@@ -47,11 +47,12 @@ def new_request_id(prefix: str = "chatcmpl") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def stream_outputs(engine, request_id: str, prompt, params: SamplingParams) -> AsyncIterator:
-    """Yield the engine's RequestOutputs; abort the request when the consumer stops before it finished."""
+async def stream_outputs(engine, request_id: str, prompt, params: SamplingParams, stream: bool = True) -> AsyncIterator:
+    """Yield the engine's RequestOutputs (`stream=False`: the final one only); abort the request when the consumer
+    stops before it finished."""
     finished = False
     try:
-        async for output in engine.generate(request_id, prompt, params):
+        async for output in engine.generate(request_id, prompt, params, stream=stream):
             finished = output.finished
             yield output
     finally:

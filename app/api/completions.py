@@ -90,7 +90,7 @@ def usage(output) -> dict:
 async def complete(engine, req: PreparedRequest) -> dict:
     """Run to the end and answer with one chat.completion object."""
     last = None
-    async with aclosing(stream_outputs(engine, req.request_id, req.prompt, req.params)) as outputs:
+    async with aclosing(stream_outputs(engine, req.request_id, req.prompt, req.params, stream=False)) as outputs:
         async for output in outputs:
             last = output
     choices = [

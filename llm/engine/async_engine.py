@@ -77,23 +77,31 @@ class AsyncEngine:
     # -- requests -----------------------------------------------------------
 
     async def generate(
-        self, request_id: str, prompt, params: SamplingParams | None = None, mm_options: dict | None = None
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams | None = None,
+        mm_options: dict | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream the outputs of one request; each carries the cumulative text and the new delta."""
+        """Stream the outputs of one request; each carries the cumulative text and the new delta.
+
+        `stream=False`: only the final output comes (the engine spends no step on this request's text or outputs).
+        """
         if self._closed:
             raise RuntimeError("the engine is shut down")
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         loop = asyncio.get_running_loop()
-        stream: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (loop, stream)
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, outputs)
         finished = False
         try:
             # tokenizing and image preprocessing run in a worker thread, not on the engine thread
             mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
-            await self._call(self.engine.add_request, request_id, mm_prompt, params)
+            await self._call(self.engine.add_request, request_id, mm_prompt, params, None, stream)
             while not finished:
-                out = await stream.get()
+                out = await outputs.get()
                 if isinstance(out, BaseException):
                     finished = True
                     raise out

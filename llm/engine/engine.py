@@ -141,6 +141,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish("abort")
             self.scheduler.finish(seq)
+        for completion in request.completions:  # the text of every token collected so far, deferred or not
+            completion.detokenize()
         return request.output()
 
     def has_unfinished(self) -> bool:

@@ -52,6 +52,13 @@ async def test_concurrent_streams_equal_offline_generation(engine, offline):
     assert engine.num_free_blocks() == NUM_BLOCKS
 
 
+async def test_an_unstreamed_request_yields_its_final_output_only(engine, offline):
+    outs = [out async for out in engine.generate("whole", PROMPTS[3], GREEDY, stream=False)]
+    assert len(outs) == 1 and outs[0].finished
+    assert (outs[0].token_ids, outs[0].text) == (offline[3].token_ids, offline[3].text)
+    assert engine.num_free_blocks() == NUM_BLOCKS
+
+
 async def test_abort_ends_the_stream_and_frees_blocks_at_once(engine):
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     stream = engine.generate("long", "The quick brown fox", long)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import pickle
+from dataclasses import replace
 
 import pytest
 import torch
 
 from llm import LLM, SamplingParams
+from llm.engine.request import DEFERRED_TOKENS
 from tests.llm.tiny import hf_greedy, load_hf_model, make_tiny_llama
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -291,3 +293,43 @@ def test_streamed_outputs_read_late_still_hold_their_own_step(make_llm, prompts)
     assert outputs[-1] == outputs[-1] and outputs[0] != outputs[-1]
     assert repr(outputs[0]).startswith("CompletionOutput(index=0, text=")
     assert len(pickled) < 1000 and pickle.loads(pickled) == copied == outputs[2]
+
+
+def test_unstreamed_requests_are_detokenized_once_they_end(make_llm, prompts):
+    # stream=False without stop strings: the steps leave the text alone until DEFERRED_TOKENS tokens wait, and the
+    # text at the end equals the streamed text; with a stop string the text is checked every step, as streamed
+    llm = make_llm()
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=DEFERRED_TOKENS + 8, ignore_eos=True)
+    engine.add_request("streamed", prompts[2], params)
+    streamed = [o for _ in range(200) if engine.has_unfinished() for o in engine.step() if o.finished][0].outputs[0]
+    engine.add_request("quiet", prompts[2], params, stream=False)
+    engine.add_request("stops", prompts[2], replace(params, stop=["\x00"]), stream=False)
+    quiet, stops = (engine.requests[r].completions[0] for r in ("quiet", "stops"))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+        done = quiet.seq.num_output_tokens
+        if engine.has_unfinished() and done > 2:
+            assert len(quiet.queued) == done % DEFERRED_TOKENS and (quiet.detokenizer.num_released > 0) == (
+                done >= DEFERRED_TOKENS
+            )
+            assert stops.detokenizer.num_released > 0 and len(stops.queued) == 0
+    assert [o.request_id for o in outputs] == ["quiet", "stops"] and all(o.finished for o in outputs)
+    assert outputs[0].outputs[0].text == outputs[0].outputs[0].delta_text == streamed.text
+    assert outputs[0].outputs[0].token_ids == streamed.token_ids and len(streamed.token_ids) == DEFERRED_TOKENS + 8
+    assert outputs[1].outputs[0].text == streamed.text
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "unstreamed"])
+def test_an_aborted_request_reports_the_text_of_every_token_it_has(make_llm, prompts, stream):
+    # the abort's output holds the text of the tokens collected but not yet reported (none reported, unstreamed)
+    llm = make_llm()
+    engine = llm.engine
+    whole = llm.generate([prompts[1]], GREEDY)[0]
+    engine.add_request("cut", prompts[1], GREEDY, stream=stream)
+    while engine.requests["cut"].seqs[0].num_output_tokens < 6:
+        engine.step()
+    out = engine.abort("cut").outputs[0]
+    assert out.finish_reason == "abort" and whole.token_ids[: len(out.token_ids)] == out.token_ids
+    assert whole.text.startswith(out.text) and len(out.text) >= len(llm.tokenizer.decode(out.token_ids[:-1]))
