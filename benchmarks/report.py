@@ -8,6 +8,7 @@ import json
 import os
 import platform
 from collections.abc import Callable
+from pathlib import Path
 
 
 def results_parser(doc: str | None = None) -> argparse.ArgumentParser:
@@ -31,6 +32,15 @@ def versions(transformers: bool = False) -> dict:
 
         res["transformers"] = hf.__version__
     return res
+
+
+def cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo; else what `platform` knows): a CPU result's device."""
+    info = Path("/proc/cpuinfo")
+    for line in info.read_text().splitlines() if info.exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
 
 
 def device_header(device) -> dict:

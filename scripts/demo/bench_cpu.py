@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 import transformers
 
+from benchmarks.report import cpu_name
 from scripts.demo.build import IMAGE_SIZE, MODEL_DIR
 from scripts.demo.shapes import random_scene, render
 
@@ -33,13 +32,6 @@ QUESTIONS["describe"] = ("Describe the image.", 64)
 
 def _messages(question: str, image) -> list[dict]:
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def time_vlchat(llm, images, question: str, max_tokens: int) -> tuple[list[float], list[float], int]:
@@ -109,7 +101,7 @@ def main() -> None:
         )
     meta = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "threads": args.threads,
         "runs": args.runs,
         "engine_load_s": load_s,

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from llm import LLM, AsyncEngine, EngineConfig, SamplingParams
+from llm.engine.async_engine import deliver
 from llm.errors import InvalidRequestError, PromptTooLongError
 from tests.llm.tiny import make_tiny_llama
 
@@ -106,3 +107,26 @@ async def test_the_event_loop_stays_responsive_while_generating(engine):
     done.set()
     await task
     assert ticks > 24  # the loop ran other work between (and during) engine steps
+
+
+def test_a_step_wakes_each_event_loop_once_and_skips_closed_loops_and_unknown_ids():
+    loops = [asyncio.new_event_loop() for _ in range(2)]
+    wakeups = []
+    for loop in loops:
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, real=real, loop=loop: (wakeups.append(loop), real(*a))[1]
+    queues = {f"r{i}": asyncio.Queue() for i in range(5)}
+    streams = {rid: (loops[i % 2], q) for i, (rid, q) in enumerate(queues.items())}
+    items = [(rid, f"{rid}-out{j}") for j in range(2) for rid in queues] + [("gone", "dropped")]
+    deliver(streams, items)
+    assert sorted(map(id, wakeups)) == sorted(map(id, loops))  # one wake-up per loop for 10 outputs
+    for loop in loops:
+        loop.run_until_complete(asyncio.sleep(0))
+    assert {rid: [q.get_nowait() for _ in range(q.qsize())] for rid, q in queues.items()} == {
+        rid: [f"{rid}-out0", f"{rid}-out1"] for rid in queues
+    }
+    loops[0].close()
+    deliver(streams, items)  # the open loop still gets its outputs; the closed one's are dropped, not raised
+    loops[1].run_until_complete(asyncio.sleep(0))
+    assert [queues[rid].qsize() for rid in queues] == [0, 2, 0, 2, 0]
+    loops[1].close()
