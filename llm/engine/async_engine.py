@@ -3,7 +3,8 @@
 One background thread owns the `LLMEngine` and runs its step loop, so the event
 loop never waits on a forward pass. Coroutines talk to that thread through a
 command queue (add, abort), answered through asyncio futures; step outputs go to
-one asyncio.Queue per request via `call_soon_threadsafe`. Many concurrent
+one asyncio.Queue per request, a step's outputs in one `call_soon_threadsafe` per event loop; a reader that
+fell behind gets the outputs that queued up merged into one (`merge_outputs`). Many concurrent
 `generate` calls are batched by the engine's scheduler. Leaving the
 `async for` early (client disconnect, cancellation) aborts the request, which
 frees its KV blocks at the next step boundary.
@@ -41,6 +42,17 @@ def deliver(streams: dict, items) -> None:
             loop.call_soon_threadsafe(_put_all, batch)
         except RuntimeError:  # that loop is closed: nobody is left to read these streams
             logger.debug("dropped %d outputs for a closed event loop", len(batch))
+
+
+def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """`later` carrying the deltas of both: what a reader that fell behind gets instead of several outputs, so it
+    sends one chunk, not one per step (the cumulative fields are the later output's already)."""
+    before = {c.index: c for c in earlier.outputs}
+    for c in later.outputs:
+        if c.index in before:
+            c.delta_text = before[c.index].delta_text + c.delta_text
+            c.delta_token_ids = before[c.index].delta_token_ids + c.delta_token_ids
+    return later
 
 
 def _put_all(batch: list) -> None:
@@ -122,8 +134,18 @@ class AsyncEngine:
             # tokenizing and image preprocessing run in a worker thread, not on the engine thread
             mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
             await self._call(self.engine.add_request, request_id, mm_prompt, params, None, stream)
+            held = None  # an error that came right behind outputs merged into one
             while not finished:
-                out = await outputs.get()
+                if held is not None:
+                    out, held = held, None
+                else:
+                    out = await outputs.get()
+                while not isinstance(out, BaseException) and not out.finished and not outputs.empty():
+                    later = outputs.get_nowait()  # the reader fell behind the engine: catch up in one output
+                    if isinstance(later, BaseException):
+                        held = later
+                        break
+                    out = merge_outputs(out, later)
                 if isinstance(out, BaseException):
                     finished = True
                     raise out

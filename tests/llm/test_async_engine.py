@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from llm import LLM, AsyncEngine, EngineConfig, SamplingParams
-from llm.engine.async_engine import deliver
+from llm.engine.async_engine import deliver, merge_outputs
 from llm.errors import InvalidRequestError, PromptTooLongError
+from llm.outputs import CompletionOutput, RequestOutput
 from tests.llm.tiny import make_tiny_llama
 
 NUM_BLOCKS = 64
@@ -130,3 +132,24 @@ def test_a_step_wakes_each_event_loop_once_and_skips_closed_loops_and_unknown_id
     loops[1].run_until_complete(asyncio.sleep(0))
     assert [queues[rid].qsize() for rid in queues] == [0, 2, 0, 2, 0]
     loops[1].close()
+
+
+async def test_a_reader_that_falls_behind_gets_the_queued_outputs_merged(engine, offline):
+    # the event loop blocked while the engine thread runs several steps: the next read catches up in one output
+    # whose deltas join those of the steps it missed; the deltas still add up to the offline result
+    stream = engine.generate("behind", PROMPTS[1], GREEDY)
+    outs = [await stream.__anext__()]
+    time.sleep(0.5)  # blocks the loop (the engine thread keeps stepping and queueing)
+    outs += [out async for out in stream]
+    assert max(len(o.outputs[0].delta_token_ids) for o in outs) > 1 and len(outs) < len(offline[1].token_ids)
+    assert sum((o.outputs[0].delta_token_ids for o in outs), []) == offline[1].token_ids
+    assert "".join(o.outputs[0].delta_text for o in outs) == offline[1].text and outs[-1].finished
+
+
+def test_merged_outputs_join_the_deltas_of_each_completion():
+    def output(deltas, finished=False):
+        completions = [CompletionOutput(i, delta_text=text, delta_token_ids=ids) for i, (text, ids) in deltas]
+        return RequestOutput("r", [1], completions, finished)
+
+    merged = merge_outputs(output([(0, ("ab", [1])), (1, ("x", [7]))]), output([(1, ("y", [8])), (0, ("c", [2]))]))
+    assert [(c.index, c.delta_text, c.delta_token_ids) for c in merged.outputs] == [(1, "xy", [7, 8]), (0, "abc", [1, 2])]
