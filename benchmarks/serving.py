@@ -101,7 +101,7 @@ def bench_openai(base_url, requests, arrivals, args) -> tuple[list, float, dict]
                 text = req.prompt_text or " ".join(f"t{t}" for t in req.prompt_token_ids)
                 body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
                         "max_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0,
-                        "stream_options": {"include_usage": True}}  # fmt: skip
+                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
                 async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
                     if resp.status_code != 200:
                         raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
@@ -109,12 +109,14 @@ def bench_openai(base_url, requests, arrivals, args) -> tuple[list, float, dict]
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         chunk = json.loads(line[6:])
-                        if chunk.get("usage"):
+                        before = rec.output_len
+                        if chunk.get("usage"):  # every chunk's, where the server keeps continuous usage stats
                             rec.output_len = chunk["usage"]["completion_tokens"]
                             rec.prompt_len = chunk["usage"]["prompt_tokens"]
                         if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                             rec.token_times.append(time.perf_counter())
-                            rec.chunk_tokens.append(1)
+                            # a chunk may carry several tokens (a server catching up); one where it says nothing
+                            rec.chunk_tokens.append(max(1, rec.output_len - before))
 
             return await _run_requests(requests, arrivals, args.concurrency, one)
 

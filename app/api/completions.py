@@ -11,7 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from app.api.errors import error_body
-from app.api.protocol import ChatCompletionRequest, ImagePart
+from app.api.protocol import ChatCompletionRequest, ImagePart, StreamOptions
 from app.errors import AppError, ModelNotFoundError, is_user_error, user_error_status
 from app.generation import engine_message, new_request_id, sampling_params, stream_outputs
 from app.media import load_image
@@ -28,6 +28,7 @@ class PreparedRequest:
     prompt: list[dict]
     params: object  # llm.SamplingParams
     include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats
 
 
 async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, model_name: str) -> PreparedRequest:
@@ -73,8 +74,10 @@ async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, mod
         stop=body.stop_list or None,
         ignore_eos=body.ignore_eos or None,
     )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return PreparedRequest(new_request_id(), model_name, prompt, params, include_usage)
+    options = body.stream_options or StreamOptions()
+    return PreparedRequest(
+        new_request_id(), model_name, prompt, params, options.include_usage, options.continuous_usage_stats
+    )
 
 
 def usage(output) -> dict:
@@ -139,10 +142,10 @@ async def _sse(req: PreparedRequest, first, outputs) -> AsyncIterator[str]:
     last, reported = first, set()
     try:
         async with aclosing(outputs):
-            for line in _lines(first, reported, chunk):
+            for line in _lines(first, reported, chunk, req.continuous_usage):
                 yield line
             async for last in outputs:
-                for line in _lines(last, reported, chunk):
+                for line in _lines(last, reported, chunk, req.continuous_usage):
                     yield line
     except Exception as exc:  # the response has started: report in-band, as OpenAI does
         log.warning("stream %s failed: %s", req.request_id, exc, exc_info=not is_user_error(exc))
@@ -153,16 +156,20 @@ async def _sse(req: PreparedRequest, first, outputs) -> AsyncIterator[str]:
     yield "data: [DONE]\n\n"
 
 
-def _lines(output, reported: set, chunk) -> list[str]:
-    """The SSE chunks one RequestOutput adds: new text, then the finish reason of completions that ended."""
+def _lines(output, reported: set, chunk, continuous_usage: bool = False) -> list[str]:
+    """The SSE chunks one RequestOutput adds: new text, then the finish reason of completions that ended; with
+    `continuous_usage`, each with the usage up to this output (one output may carry several tokens: a client that
+    fell behind gets the outputs it missed merged, llm.engine.async_engine.merge_outputs)."""
     lines = []
+    extra = {"usage": usage(output)} if continuous_usage and output is not None else {}
     for c in output.outputs if output is not None else ():
         if c.index in reported:
             continue
         if c.delta_text:
-            lines.append(chunk([{"index": c.index, "delta": {"content": c.delta_text}, "finish_reason": None}]))
+            delta = {"index": c.index, "delta": {"content": c.delta_text}, "finish_reason": None}
+            lines.append(chunk([delta], **extra))
         if c.finish_reason is not None:
             reported.add(c.index)
             reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason)
-            lines.append(chunk([{"index": c.index, "delta": {}, "finish_reason": reason}]))
+            lines.append(chunk([{"index": c.index, "delta": {}, "finish_reason": reason}], **extra))
     return lines

@@ -56,6 +56,7 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # an extension (as in vLLM): every chunk carries the usage so far
 
 
 class ChatCompletionRequest(_Strict):

@@ -46,6 +46,21 @@ def test_openai_package_stream_matches_non_stream(server):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
+def test_continuous_usage_stats_count_the_tokens_of_every_chunk(server):
+    # the vLLM extension the serving benchmark reads: a chunk may carry several tokens when the server catches up
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llava", messages=HELLO, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    counts = [c.usage.completion_tokens for c in chunks if c.choices and c.choices[0].delta.content]
+    assert counts and counts == sorted(counts) and 0 < counts[0] and counts[-1] <= 12
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks if c.choices and c.usage)
+    assert chunks[-1].usage.completion_tokens == 12
+
+
 def test_openai_package_with_an_image(server):
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     image_url = data_url((EXAMPLES / "one-shape.png").read_bytes())
