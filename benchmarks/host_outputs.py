@@ -12,6 +12,7 @@ with one torch thread; only the host work is timed. Medians of interleaved round
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import tempfile
 import threading
@@ -30,33 +31,33 @@ REPORT_MODES = {"streamed": (True, None), "unstreamed, every step": (False, 1), 
 
 
 def report_ms(model_dir: str, batch: int, max_tokens: int, stream: bool, deferred: int | None = None):
-    """(ms of `_report` summed over a whole generation of `batch` requests, steps it took); `deferred` overrides
-    DEFERRED_TOKENS for this run."""
+    """(ms of `_report` summed over a whole generation of `batch` requests, steps it took, ms of its longest
+    step); `deferred` overrides DEFERRED_TOKENS for this run."""
+    kept = request.DEFERRED_TOKENS
+    request.DEFERRED_TOKENS = deferred or kept  # before the requests: each reads it for its first burst
     config = EngineConfig(model_dir, device="cpu", dtype="float32")
     config.scheduler.max_num_seqs = batch
     engine = LLMEngine(config)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=0)
-    for i in range(batch):
-        engine.add_request(f"r{i}", "Hello world! How are you today?", params, stream=stream)
-    real, spent = engine._report, [0.0]
-
-    def timed():
-        start = time.perf_counter()
-        out = real()
-        spent[0] += time.perf_counter() - start
-        return out
-
-    engine._report = timed
-    kept, steps = request.DEFERRED_TOKENS, 0
-    request.DEFERRED_TOKENS = deferred or kept
     try:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=0)
+        for i in range(batch):
+            engine.add_request(f"r{i}", "Hello world! How are you today?", params, stream=stream)
+        real, spent, steps = engine._report, [], 0
+
+        def timed():
+            start = time.perf_counter()
+            out = real()
+            spent.append(time.perf_counter() - start)
+            return out
+
+        engine._report = timed
         while engine.has_unfinished():
             engine.step()
             steps += 1
     finally:
         request.DEFERRED_TOKENS = kept
         engine.close()
-    return spent[0] * 1e3, steps
+    return sum(spent) * 1e3, steps, max(spent) * 1e3
 
 
 def _per_output(streams: dict, items) -> None:
@@ -103,20 +104,23 @@ def measure(batch: int = 128, max_tokens: int = 256, rounds: int = 3, delivery_s
     torch.set_num_threads(1)
     model_dir = str(make_tiny_llama(tempfile.mkdtemp()))
     report = {mode: [] for mode in REPORT_MODES}
+    longest = {mode: [] for mode in REPORT_MODES}
     delivery = {"per_output": [], "per_loop": []}
     steps = 0
     for _ in range(rounds):  # interleaved
         for mode, (stream, deferred) in REPORT_MODES.items():
-            ms, steps = report_ms(model_dir, batch, max_tokens, stream, deferred)
+            ms, steps, longest_ms = report_ms(model_dir, batch, max_tokens, stream, deferred)
             report[mode].append(ms)
+            longest[mode].append(longest_ms)
         for mode in delivery:
             delivery[mode].append(delivery_us(batch, delivery_steps, batched=mode == "per_loop"))
     return {"batch": batch, "max_tokens": max_tokens, "rounds": rounds, "steps": steps, "report_ms": report,
-            "delivery_us": delivery}  # fmt: skip
+            "longest_step_ms": longest, "delivery_us": delivery}  # fmt: skip
 
 
 def markdown(res: dict) -> str:
     med = {k: statistics.median(v) for k, v in res["report_ms"].items()}
+    top = {k: statistics.median(v) for k, v in res["longest_step_ms"].items()}
     dmed = {k: statistics.median(v) for k, v in res["delivery_us"].items()}
     steps, batch = res["steps"], res["batch"]
     lines = [
@@ -124,17 +128,19 @@ def markdown(res: dict) -> str:
         f"{res['python']}, torch {res['torch']}. Batch {batch}, {res['max_tokens']} tokens per request "
         f"({steps} steps), medians of {res['rounds']} interleaved rounds.",
         "",
-        "Reporting (detokenizing, building outputs), us per step, summed over the generation:",
+        "Reporting (detokenizing, building outputs), us per step over the generation, and its longest step:",
         "",
-        "| requests | us per step | / unstreamed, every step |",
-        "| --- | ---: | ---: |",
+        "| requests | us per step | / unstreamed, every step | longest step, us |",
+        "| --- | ---: | ---: | ---: |",
         *(
-            f"| {mode} | {med[mode] * 1e3 / steps:.0f} | {med[mode] / med['unstreamed, every step']:.2f}x |"
+            f"| {mode} | {med[mode] * 1e3 / steps:.0f} | {med[mode] / med['unstreamed, every step']:.2f}x | "
+            f"{top[mode] * 1e3:.0f} |"
             for mode in med
         ),  # fmt: skip
         "",
         "`unstreamed, every step` is the peer: unstreamed requests as they were detokenized before (every step);",
-        "`unstreamed` detokenizes in 32-token bursts and at the end. Streamed requests also build an output per step.",
+        "`unstreamed` detokenizes in 32-token bursts, staggered over the requests, and at the end (the longest step",
+        "holds the last burst of requests that end together). Streamed requests also build an output per step.",
         "",
         f"Handing a step's {batch} outputs to an asyncio event loop that reads them, us on the engine thread:",
         "",
@@ -152,7 +158,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    res = {"device": cpu_name(), **versions(), **measure(args.batch, args.max_tokens, args.rounds)}
+    device = f"{cpu_name()}, {os.cpu_count()} cores"
+    res = {"device": device, **versions(), **measure(args.batch, args.max_tokens, args.rounds)}
     stem = result_stem(args.out, "host_outputs", "cpu")
     save_results(stem, res)
     render_results(stem, res, markdown)

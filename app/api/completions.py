@@ -90,6 +90,12 @@ def usage(output) -> dict:
     }
 
 
+def _choice_usage(output, completion) -> dict:
+    prompt_tokens, completion_tokens = len(output.prompt_token_ids), len(completion.token_ids)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+
+
 async def complete(engine, req: PreparedRequest) -> dict:
     """Run to the end and answer with one chat.completion object."""
     last = None
@@ -158,13 +164,14 @@ async def _sse(req: PreparedRequest, first, outputs) -> AsyncIterator[str]:
 
 def _lines(output, reported: set, chunk, continuous_usage: bool = False) -> list[str]:
     """The SSE chunks one RequestOutput adds: new text, then the finish reason of completions that ended; with
-    `continuous_usage`, each with the usage up to this output (one output may carry several tokens: a client that
-    fell behind gets the outputs it missed merged, llm.engine.async_engine.merge_outputs)."""
+    `continuous_usage`, each with its choice's usage so far: the prompt and that choice's tokens (one output may
+    carry several tokens: a client that fell behind gets the outputs it missed merged,
+    llm.engine.async_engine.merge_outputs)."""
     lines = []
-    extra = {"usage": usage(output)} if continuous_usage and output is not None else {}
     for c in output.outputs if output is not None else ():
         if c.index in reported:
             continue
+        extra = {"usage": _choice_usage(output, c)} if continuous_usage else {}
         if c.delta_text:
             delta = {"index": c.index, "delta": {"content": c.delta_text}, "finish_reason": None}
             lines.append(chunk([delta], **extra))

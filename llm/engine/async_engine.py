@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 def deliver(streams: dict, items) -> None:
     """Hand (request id, output or error) pairs to their streams (`streams`: request id -> (event loop, queue)):
-    one wake-up of each event loop for all of a step's outputs. A wake-up per output cost the engine thread 2.25 ms
-    per step of 128 streams against 53 us so on a 2-core CPU (benchmarks/host_outputs.py): every
+    one wake-up of each event loop for all of a step's outputs. A wake-up per output cost the engine thread 1.8 ms
+    per step of 128 streams against 64 us so (medians of 3 rounds) on a 2-core CPU
+    (benchmarks/results/host_outputs_cpu.md): every
     call_soon_threadsafe writes to the loop's self-pipe and contends for the GIL with the loop it wakes."""
     batches: dict[asyncio.AbstractEventLoop, list] = {}
     for request_id, item in items:
@@ -120,7 +121,8 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request; each carries the cumulative text and the new delta.
 
-        `stream=False`: only the final output comes (the engine spends no step on this request's text or outputs).
+        `stream=False`: only the final output comes; the engine builds no output for it before, and without stop
+        strings detokenizes its tokens every 32 steps instead of every step (llm/engine/request.Completion).
         """
         if self._closed:
             raise RuntimeError("the engine is shut down")

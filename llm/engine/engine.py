@@ -142,7 +142,11 @@ class LLMEngine:
                 seq.finish("abort")
             self.scheduler.finish(seq)
         for completion in request.completions:  # the text of every token collected so far, deferred or not
-            completion.detokenize()
+            try:
+                completion.detokenize()
+            except Exception:  # noqa: BLE001 - an abort always ends the request (the step may have failed here)
+                logger.exception("detokenizing %s failed while aborting it; its text stops before that", request_id)
+                completion.queued.clear()
         return request.output()
 
     def has_unfinished(self) -> bool:

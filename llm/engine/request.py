@@ -27,9 +27,11 @@ class Completion:
         self.seq = seq
         params = seq.params
         # Not streamed and no stop string to look for: no step needs the text, so the tokens are detokenized in
-        # bursts of DEFERRED_TOKENS (the detokenizer stays in cache: about half the host time per token) and at the
-        # end; a burst stays short, so a request that ends does not hold up everyone's next step for long
+        # bursts of DEFERRED_TOKENS (the detokenizer stays in cache: 0.89x the host time at batch 128,
+        # benchmarks/results/host_outputs_cpu.md) and at the end. The first burst comes after 1..DEFERRED_TOKENS tokens, by sequence id, so requests added
+        # together burst on different steps instead of all on one
         self.deferred = not stream and not any(params.stop)
+        self.burst_at = 1 + seq.seq_id % DEFERRED_TOKENS
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, seq.token_ids[: seq.num_prompt_tokens], stop=params.stop,
             skip_special_tokens=params.skip_special_tokens,
@@ -58,8 +60,10 @@ class Completion:
         sequence here (it may already be scheduled for one more token, which the engine drops)."""
         seq, detokenizer, queued = self.seq, self.detokenizer, self.queued
         was_running = not seq.is_finished
-        if was_running and self.deferred and len(queued) < DEFERRED_TOKENS:
-            return False
+        if was_running and self.deferred:
+            if len(queued) < self.burst_at:
+                return False
+            self.burst_at = DEFERRED_TOKENS
         for token_id, may_stop in queued:
             detokenizer.add_token(token_id, may_stop)
             if detokenizer.stop_string is not None:

@@ -59,6 +59,15 @@ def test_continuous_usage_stats_count_the_tokens_of_every_chunk(server):
     assert counts and counts == sorted(counts) and 0 < counts[0] and counts[-1] <= 12
     assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks if c.choices and c.usage)
     assert chunks[-1].usage.completion_tokens == 12
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llava", messages=HELLO, max_tokens=12, temperature=0.9, seed=3, stream=True, n=2,
+            stream_options={"continuous_usage_stats": True}, extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    per_choice = {i: [c.usage.completion_tokens for c in chunks if c.choices and c.choices[0].index == i and c.usage]
+                  for i in (0, 1)}  # fmt: skip
+    assert all(counts == sorted(counts) and counts[-1] == 12 for counts in per_choice.values()), per_choice
 
 
 def test_openai_package_with_an_image(server):

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from llm import LLM, AsyncEngine, EngineConfig, SamplingParams
+from llm.detokenizer import IncrementalDetokenizer
 from llm.engine.async_engine import deliver, merge_outputs
 from llm.errors import InvalidRequestError, PromptTooLongError
 from llm.outputs import CompletionOutput, RequestOutput
@@ -139,7 +140,10 @@ async def test_a_reader_that_falls_behind_gets_the_queued_outputs_merged(engine,
     # whose deltas join those of the steps it missed; the deltas still add up to the offline result
     stream = engine.generate("behind", PROMPTS[1], GREEDY)
     outs = [await stream.__anext__()]
-    time.sleep(0.5)  # blocks the loop (the engine thread keeps stepping and queueing)
+    seq = engine.engine.requests["behind"].seqs[0]
+    start, seen = time.monotonic(), seq.num_output_tokens
+    while seq.num_output_tokens < seen + 4 and time.monotonic() - start < 30:
+        time.sleep(0.01)  # blocks the loop (the engine thread keeps stepping and queueing)
     outs += [out async for out in stream]
     assert max(len(o.outputs[0].delta_token_ids) for o in outs) > 1 and len(outs) < len(offline[1].token_ids)
     assert sum((o.outputs[0].delta_token_ids for o in outs), []) == offline[1].token_ids
@@ -152,4 +156,22 @@ def test_merged_outputs_join_the_deltas_of_each_completion():
         return RequestOutput("r", [1], completions, finished)
 
     merged = merge_outputs(output([(0, ("ab", [1])), (1, ("x", [7]))]), output([(1, ("y", [8])), (0, ("c", [2]))]))
-    assert [(c.index, c.delta_text, c.delta_token_ids) for c in merged.outputs] == [(1, "xy", [7, 8]), (0, "abc", [1, 2])]
+    assert [(c.index, c.delta_text, c.delta_token_ids) for c in merged.outputs] == [
+        (1, "xy", [7, 8]),
+        (0, "abc", [1, 2]),
+    ]
+
+
+async def test_a_step_that_fails_ends_its_requests_with_an_error_and_the_engine_serves_on(engine, offline, monkeypatch):
+    # the step fails while detokenizing; the abort that ends its requests detokenizes too, and must not fail again
+    # (that killed the engine thread: every request then hung)
+    def broken(self, token_id, check_stop=True):
+        raise ValueError("a token this tokenizer cannot decode")
+
+    monkeypatch.setattr(IncrementalDetokenizer, "add_token", broken)
+    with pytest.raises(RuntimeError, match="failed while generating"):
+        await asyncio.wait_for(collect(engine, "broken", PROMPTS[0]), 60)
+    monkeypatch.undo()
+    outs = await asyncio.wait_for(collect(engine, "after", PROMPTS[0]), 60)
+    assert outs[-1].token_ids == offline[0].token_ids and outs[-1].text == offline[0].text
+    assert engine.num_free_blocks() == NUM_BLOCKS

@@ -295,30 +295,37 @@ def test_streamed_outputs_read_late_still_hold_their_own_step(make_llm, prompts)
     assert len(pickled) < 1000 and pickle.loads(pickled) == copied == outputs[2]
 
 
-def test_unstreamed_requests_are_detokenized_once_they_end(make_llm, prompts):
-    # stream=False without stop strings: the steps leave the text alone until DEFERRED_TOKENS tokens wait, and the
-    # text at the end equals the streamed text; with a stop string the text is checked every step, as streamed
+def test_unstreamed_requests_are_detokenized_in_staggered_bursts(make_llm, prompts):
+    # stream=False without stop strings: the steps leave a request's text alone until its burst (the first after
+    # 1..DEFERRED_TOKENS tokens by sequence id, then every DEFERRED_TOKENS), so requests added together burst on
+    # different steps; the text at the end equals the streamed text. With a stop string: checked every step
     llm = make_llm()
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=DEFERRED_TOKENS + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=2 * DEFERRED_TOKENS + 8, ignore_eos=True)
     engine.add_request("streamed", prompts[2], params)
     streamed = [o for _ in range(200) if engine.has_unfinished() for o in engine.step() if o.finished][0].outputs[0]
-    engine.add_request("quiet", prompts[2], params, stream=False)
-    engine.add_request("stops", prompts[2], replace(params, stop=["\x00"]), stream=False)
-    quiet, stops = (engine.requests[r].completions[0] for r in ("quiet", "stops"))
-    outputs = []
+    names = ["quiet", "quiet2", "stops"]
+    for name in names:
+        engine.add_request(name, prompts[2], replace(params, stop=["\x00"] if name == "stops" else None), stream=False)
+    quiet, quiet2, stops = (engine.requests[r].completions[0] for r in names)
+    first = {c.burst_at: c for c in (quiet, quiet2)}
+    assert len(first) == 2 and all(1 <= at <= DEFERRED_TOKENS for at in first)
+    outputs, burst_steps = [], {"quiet": set(), "quiet2": set()}
     while engine.has_unfinished():
         outputs += engine.step()
-        done = quiet.seq.num_output_tokens
-        if engine.has_unfinished() and done > 2:
-            assert len(quiet.queued) == done % DEFERRED_TOKENS and (quiet.detokenizer.num_released > 0) == (
-                done >= DEFERRED_TOKENS
-            )
+        for name, c in (("quiet", quiet), ("quiet2", quiet2)):
+            done, at = c.seq.num_output_tokens, 1 + c.seq.seq_id % DEFERRED_TOKENS
+            if not c.seq.is_finished:
+                assert len(c.queued) == (done if done < at else (done - at) % DEFERRED_TOKENS)
+                if done and not c.queued:
+                    burst_steps[name].add(done)
+        if engine.has_unfinished() and stops.seq.num_output_tokens > 2:
             assert stops.detokenizer.num_released > 0 and len(stops.queued) == 0
-    assert [o.request_id for o in outputs] == ["quiet", "stops"] and all(o.finished for o in outputs)
-    assert outputs[0].outputs[0].text == outputs[0].outputs[0].delta_text == streamed.text
-    assert outputs[0].outputs[0].token_ids == streamed.token_ids and len(streamed.token_ids) == DEFERRED_TOKENS + 8
-    assert outputs[1].outputs[0].text == streamed.text
+    assert burst_steps["quiet"] and burst_steps["quiet2"] and not burst_steps["quiet"] & burst_steps["quiet2"]
+    assert [o.request_id for o in outputs] == names and all(o.finished for o in outputs)
+    for out in outputs:
+        assert out.outputs[0].text == out.outputs[0].delta_text == streamed.text
+        assert out.outputs[0].token_ids == streamed.token_ids
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "unstreamed"])
