@@ -195,10 +195,7 @@ class AsyncEngine:
             self._deliver(request_id, out)  # the stream ends with finish_reason "abort"
 
     def _deliver(self, request_id: str, item) -> None:
-        self._deliver_all([(request_id, item)])
-
-    def _deliver_all(self, items) -> None:
-        deliver(self._streams, items)
+        deliver(self._streams, [(request_id, item)])
 
     def _loop(self) -> None:
         while True:
@@ -217,4 +214,4 @@ class AsyncEngine:
                     self.engine.abort(request_id)
                     self._deliver(request_id, RuntimeError(f"the engine failed while generating: {e}"))
                 continue
-            self._deliver_all([(out.request_id, out) for out in outputs])
+            deliver(self._streams, [(out.request_id, out) for out in outputs])

@@ -71,7 +71,7 @@ class Completion:
                 break
         queued.clear()
         if seq.is_finished and not self.flushed:
-            self.detokenizer.flush()  # release text held back for a stop string that never completed
+            detokenizer.flush()  # release text held back for a stop string that never completed
             self.flushed = True
         return was_running and seq.is_finished
 
