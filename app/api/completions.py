@@ -80,20 +80,15 @@ async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, mod
     )
 
 
-def usage(output) -> dict:
+def usage(output, completions=None) -> dict:
+    """The usage of `output`: its prompt and the tokens of `completions` (default: all its choices)."""
     prompt_tokens = len(output.prompt_token_ids)
-    completion_tokens = sum(len(c.token_ids) for c in output.outputs)
+    completion_tokens = sum(len(c.token_ids) for c in (output.outputs if completions is None else completions))
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def _choice_usage(output, completion) -> dict:
-    prompt_tokens, completion_tokens = len(output.prompt_token_ids), len(completion.token_ids)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
 
 
 async def complete(engine, req: PreparedRequest) -> dict:
@@ -171,7 +166,7 @@ def _lines(output, reported: set, chunk, continuous_usage: bool = False) -> list
     for c in output.outputs if output is not None else ():
         if c.index in reported:
             continue
-        extra = {"usage": _choice_usage(output, c)} if continuous_usage else {}
+        extra = {"usage": usage(output, [c])} if continuous_usage else {}
         if c.delta_text:
             delta = {"index": c.index, "delta": {"content": c.delta_text}, "finish_reason": None}
             lines.append(chunk([delta], **extra))
