@@ -109,6 +109,10 @@ class WsDecodeConfig:
     # with > 0, the plan may pack KV heads on this config where each CTA then reads at most this many keys
     # (pack_heads x the context bound; splits.pack_heads)
     pack_max_keys: int = 0
+    # with > 0, on split grids the splits of a (sequence, KV head) take units of this many tiles from a counter
+    # instead of a fixed range each (decode_ws.py's tile stealing); the table sets it where measured, the plan keeps
+    # it where each split reads at least splits.STEAL_MIN_KEYS keys of the context bound
+    steal_tiles: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +320,9 @@ TABLES: dict[str, ArchTable] = {
         # pages) the unpacked time over the packed on the 20 grids the plan packs: 1.055-1.095x at L=256, 1.019-1.038x
         # at 512, 1.016-1.024x at 1k (32/8 B=128 L=512 1.031x, B=64 L=1k 1.024x); one wave of longer CTAs
         # 0.994-1.009x at 4096 keys per CTA, 0.987-1.003x at 8192; packed grids short of a wave 0.94-0.99x at L >= 512.
-        decode_ws_waves={128: WD(64, 2, 2, early_k_release=True, pack_max_keys=2048), 256: WD(64, 2, 1)},
+        # Its split grids steal tiles in units of 4 (steal_tiles; the plan keeps it where splits.STEAL_MIN_KEYS says).
+        decode_ws_waves={128: WD(64, 2, 2, early_k_release=True, pack_max_keys=2048, steal_tiles=4),
+                         256: WD(64, 2, 1)},
         # at head_dim 128 the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys run a
         # 2-stage ring with the early K release at one CTA per SM (decode_ws_waves's kernel): decode_ws's 4-stage
         # ring asks for a whole short split at once, and with every CTA doing so the first tiles come late. On the
@@ -346,7 +352,8 @@ TABLES: dict[str, ArchTable] = {
         # halved grid, half its CTAs empty, ran 1-5% slower than it, the more the longer the splits). At 32 one-CTA
         # splits (28/4 B=1) the two-CTA config at 64 took more time (67.9 against 67.7 us at L=128k, 7.53 against
         # 6.68 at 4k): not there.
-        decode_ws_long={128: WD(64, 2, 2, early_k_release=True, half_splits_keys=256)},
+        # It steals tiles as decode_ws_waves does, where its splits are long enough (then without the halving).
+        decode_ws_long={128: WD(64, 2, 2, early_k_release=True, half_splits_keys=256, steal_tiles=4)},
         # programmatic dependent launch: a KV write + decode step at B=1 L=4k (32/8 heads) took 10.5 instead of
         # 12.7 us on the H200 (2026-11-30), decode alone 9.8 instead of 10.8; grids of many waves within 1%
         pdl=True,

@@ -49,6 +49,21 @@ One warp does nothing but issue loads:
   that many keys each is divided among those only: the split count, one of two, is chosen on the device per
   sequence (the other half's CTAs write empty partials), so a grid planned for a long context bound runs a short
   context on fewer, longer splits.
+- With the config's `steal_tiles` T > 0 on a split grid of one KV head per CTA (`steals`; the plan keeps it where
+  each split reads at least splits.STEAL_MIN_KEYS keys) the splits of a (sequence, KV head) share its range in
+  units of T tiles instead of a fixed range each: split w takes unit w first, then the unit an atomic counter of
+  the pair hands out (`num_splits + old value`), until none is left. The loader looks up a unit's pages while the
+  previous unit streams and passes each unit to the consumer through a ring of keys in shared memory
+  (`first tile << 6 | tiles`, -1 at the end); the consumer runs the same tile step over them. Each split still
+  writes one partial of the keys it read, so the merge is unchanged. The last loader of a pair to finish sets its
+  two counters (units handed out, loaders done) back to zero, so the buffer (`steal_counters`, kept in the
+  caches' memo) is ready for the next call and for CUDA-graph replays without a memset. Why: the CTAs of a wave
+  stream at unequal rates (per-CTA timers at MHA B=1 L=128k S=8 on the H200: ends from 363 to 485 us, CTAs alone
+  on an SM ahead of paired ones), and a fixed split grid waits for its slowest; stolen units end within about 20
+  us of each other. On the H200 (2026-12-02, `benchmarks/decode_stealing.py`, fp16, medians of 7 interleaved) on
+  the engine's pages 1.008-1.013x the fixed splits' speed on the 7 shapes the plan steals (MHA B=1 L=128k 464.9
+  against 469.6 us), 1.000-1.009x on shuffled pages; below the threshold it lost (MHA B=1 L=16k, splits of 2048
+  keys: 0.975x), which is why the plan keeps fixed splits there.
 
 With programmatic dependent launch (`pdl`) the loader loads the first group's pages and issues the split's first
 tile, then waits for the previous kernel, then issues the query's and the other tiles' TMA loads (`decode.py` says
@@ -86,6 +101,7 @@ columns, where Gemma 3's groups of 2-4 are).
 
 from __future__ import annotations
 
+import torch
 import triton
 
 from kernels.attention.gluon_sm90 import (
@@ -155,20 +171,20 @@ if gluon is not None:
         return start, lo, hi, gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0), seq_len
 
     @gluon.jit
-    def _issue(desc, pages, s, kvh, ready, smem, PAGE: gl.constexpr, PACK: gl.constexpr):
-        """The TMA loads of one tile of K or V into ring stage s: a box per page (the group's boxes s * NBOX on;
-        boxes past the split's end repeat its last page's rows, masked by the consumer). With PACK KV heads per CTA
+    def _issue(desc, pages, t, s, kvh, ready, smem, PAGE: gl.constexpr, PACK: gl.constexpr):
+        """The TMA loads of tile t of the looked-up lanes of K or V into ring stage s: a box per page (boxes t * NBOX
+        on; boxes past the split's end repeat its last page's rows, masked by the consumer). With PACK KV heads per CTA
         a box holds the page's rows of the CTA's PACK heads ([PAGE, PACK, HEAD_DIM]: tokens, then heads)."""
         if PACK == 1:
             BLOCK_N: gl.constexpr = smem.shape[1]
             HEAD_DIM: gl.constexpr = smem.shape[2]
             mbarrier.expect(ready.index(s), BLOCK_N * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
-            issue_page_boxes(desc, pages, s * (BLOCK_N // PAGE), kvh * HEAD_DIM, ready.index(s), smem.index(s), PAGE)
+            issue_page_boxes(desc, pages, t * (BLOCK_N // PAGE), kvh * HEAD_DIM, ready.index(s), smem.index(s), PAGE)
         else:
             TOK: gl.constexpr = smem.shape[1]
             HEAD_DIM: gl.constexpr = smem.shape[3]
             mbarrier.expect(ready.index(s), TOK * PACK * HEAD_DIM * smem.dtype.primitive_bitwidth // 8)
-            issue_page_boxes(desc, pages, s * (TOK // PAGE), kvh * PACK, ready.index(s), smem.index(s), PAGE, 3)
+            issue_page_boxes(desc, pages, t * (TOK // PAGE), kvh * PACK, ready.index(s), smem.index(s), PAGE, 3)
 
     @gluon.jit
     def _loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem, bars,
@@ -194,8 +210,8 @@ if gluon is not None:
         # before a decode writes of its sequences' rows only the last (the step's new token; the module docstring)
         early = (n > 0) & (lo + TOK < seq_len) & PDL
         if early:
-            _issue(kc_desc, pages, 0, kvh, k_ready, k_smem, PAGE, PACK)
-            _issue(vc_desc, pages, 0, kvh, v_ready, v_smem, PAGE, PACK)
+            _issue(kc_desc, pages, 0, 0, kvh, k_ready, k_smem, PAGE, PACK)
+            _issue(vc_desc, pages, 0, 0, kvh, v_ready, v_smem, PAGE, PACK)
         if PDL:
             gdc_wait()
         mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
@@ -209,10 +225,93 @@ if gluon is not None:
                     # K as soon as its buffer is free, V once its own is (without the early K release the consumer
                     # frees both at once)
                     mbarrier.wait(k_empty.index(s), (g & 1) ^ 1)
-                    _issue(kc_desc, pages, s, kvh, k_ready, k_smem, PAGE, PACK)
+                    _issue(kc_desc, pages, s, s, kvh, k_ready, k_smem, PAGE, PACK)
                     mbarrier.wait(v_empty.index(s), (g & 1) ^ 1)
-                    _issue(vc_desc, pages, s, kvh, v_ready, v_smem, PAGE, PACK)
+                    _issue(vc_desc, pages, s, s, kvh, v_ready, v_smem, PAGE, PACK)
             pages = following
+
+    @gluon.jit
+    def _put_unit(key_smem, s, value):
+        """The loader's word in the key ring's stage s (all its lanes store it; the K tile's mbarrier.expect, by lane
+        0 after a warp sync, releases it to the consumer)."""
+        key_smem.index(s).store(gl.full([1], value, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+
+    @gluon.jit
+    def _read_key(key_smem, s):
+        """The consumer's read of the key ring's stage s (its K tile waited for)."""
+        return gl.max(key_smem.index(s).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+
+    @gluon.jit
+    def _lane0_add(ptr):
+        """atomic_add(ptr, 1) by lane 0 of the loader warp; the old value, on every lane."""
+        lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        lanes = gl.arange(0, 32, layout=lay)
+        old = gl.atomic_add(ptr + lanes * 0, gl.full([32], 1, gl.int32, lay), mask=lanes == 0)
+        return gl.max(gl.where(lanes == 0, old, -1), axis=0)
+
+    @gluon.jit
+    def _stealing_loader(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, counters_ptr, stride_tb, window, q_smem,
+                         k_smem, v_smem, key_smem, bars, b, kvh, split, num_splits, GROUP: gl.constexpr,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr,
+                         PDL: gl.constexpr, STEAL: gl.constexpr):  # fmt: skip
+        """The loader with tile stealing (the module docstring): the splits of a (sequence, KV head) divide its visible
+        range into units of STEAL tiles; split w takes unit w, then whichever unit the pair's counter hands out next,
+        until none is left. Each unit's first tile carries (its first tile's index << 6) | its tiles in the key ring;
+        the last word is -1. The last of the pair's loaders to run out sets its two counters back to 0."""
+        q_ready, k_ready, v_ready, k_empty, v_empty = bars
+        UNIT_KEYS: gl.constexpr = STEAL * BLOCK_N
+        gl.static_assert(LANES >= STEAL * (BLOCK_N // PAGE), "a lane per box of a unit")
+        gl.static_assert(STEAL < 64, "a unit's tile count takes the key word's low 6 bits")
+        seq_len = gl.load(lens_ptr + b)
+        base = gl.maximum(seq_len - window, 0) // BLOCK_N * BLOCK_N
+        units = gl.cdiv(seq_len - base, UNIT_KEYS)
+        last_page = (seq_len - 1) // PAGE
+        table = tables_ptr + b.to(gl.int64) * stride_tb
+        counter = counters_ptr + (b * gl.num_programs(0) + kvh) * 2  # [units handed out, loaders done]
+        unit = split
+        pages = load_page_lanes(table, (base + unit * UNIT_KEYS) // PAGE, last_page, unit < units, LANES)
+        # the first unit's first tile before the wait, as the static loader's (the counter is read after it: the
+        # previous call on these counters has ended by then)
+        early = (unit < units) & (base + unit * UNIT_KEYS + BLOCK_N < seq_len) & PDL
+        if early:
+            first = base // BLOCK_N + unit * STEAL
+            _put_unit(key_smem, 0, (first << 6) | gl.minimum(STEAL, gl.cdiv(seq_len, BLOCK_N) - first))
+            _issue(kc_desc, pages, 0, 0, kvh, k_ready, k_smem, PAGE, 1)
+            _issue(vc_desc, pages, 0, 0, kvh, v_ready, v_smem, PAGE, 1)
+        if PDL:
+            gdc_wait()
+        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, kvh * GROUP, 0], q_ready.index(0), q_smem)
+        j = 0
+        while unit < units:
+            following_unit = num_splits + _lane0_add(counter)  # the next unit, and its pages, a unit ahead
+            following = load_page_lanes(
+                table, (base + following_unit * UNIT_KEYS) // PAGE, last_page, following_unit < units, LANES
+            )
+            first = base // BLOCK_N + unit * STEAL
+            tiles = gl.minimum(STEAL, gl.cdiv(seq_len, BLOCK_N) - first)
+            for t in gl.static_range(STEAL):
+                if t < tiles:
+                    s = j % STAGES
+                    phase = (j // STAGES) & 1
+                    if (j > 0) | (not early):
+                        mbarrier.wait(k_empty.index(s), phase ^ 1)
+                        if t == 0:
+                            _put_unit(key_smem, s, (first << 6) | tiles)
+                        _issue(kc_desc, pages, t, s, kvh, k_ready, k_smem, PAGE, 1)
+                        mbarrier.wait(v_empty.index(s), phase ^ 1)
+                        _issue(vc_desc, pages, t, s, kvh, v_ready, v_smem, PAGE, 1)
+                    j += 1
+            unit = following_unit
+            pages = following
+        s = j % STAGES
+        mbarrier.wait(k_empty.index(s), ((j // STAGES) & 1) ^ 1)
+        _put_unit(key_smem, s, -1)
+        mbarrier.arrive(k_ready.index(s), count=1)
+        if _lane0_add(counter + 1) == num_splits - 1:  # every loader of the pair has run out
+            lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+            lanes = gl.arange(0, 32, layout=lay)
+            gl.store(counter + lanes, gl.zeros([32], gl.int32, lay), mask=lanes < 2)
 
     @gluon.jit
     def _max_and_sum(t_a, p_a, t_b, p_b):
@@ -228,17 +327,64 @@ if gluon is not None:
         return p, m_new, l_i * alpha + gl.sum(p, axis=0), acc * alpha[None, :]
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, window, b, kvh,
-                  split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+    def _tile_step(k_smem, v_smem, p_smem, q_t, p_t, zero, bars, s, phase, first_tile, key0, start, hi, m_i, l_i, acc,
+                   qk_scale, layout: gl.constexpr, GROUP: gl.constexpr, EARLY_K: gl.constexpr,
+                   PACK: gl.constexpr):  # fmt: skip
+        """One tile of the consumer, its K in ring stage s (waited for): S^T = K Q^T, the online softmax, O^T += V^T P^T
+        (waiting for V), the stage's buffers released; the running maximum, sum and O^T after it."""
+        _, _, v_ready, k_empty, v_empty = bars
+        BLOCK_N: gl.constexpr = zero.shape[0]
+        NQ: gl.constexpr = zero.shape[1]
+        TOK: gl.constexpr = BLOCK_N // PACK
+        sc = warpgroup_mma(_tile(k_smem, s, PACK), q_t, zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=(sc,))
+        if EARLY_K:  # K is read by the QK product only
+            mbarrier.arrive(k_empty.index(s), count=1)
+        if (key0 < start) | (key0 + TOK > hi):  # a window's first tile or the range's last
+            keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) // PACK
+            sc = gl.where(((keys >= start) & (keys < hi))[:, None], sc, float("-inf"))
+        if PACK > 1:  # a column sees its own head's rows only (row r holds head r % PACK; the columns past
+            # the heads' groups, not stored, see every row: no column without a visible key)
+            rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+            cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, layout))
+            own = ((rows % PACK)[:, None] == (cols // GROUP)[None, :]) | (cols >= GROUP * PACK)[None, :]
+            sc = gl.where(own, sc, float("-inf"))
+        t = sc * qk_scale
+        if first_tile:  # t's maximum is finite: every tile holds a visible key
+            p, m_i, l_i, acc = _rescaled(t, gl.max(t, axis=0), m_i, l_i, acc)
+        else:
+            # the probabilities against the running maximum, then the tile's maximum and their sum in one
+            # reduction across the warps; redone against a new maximum only where the tile's passes the running
+            # one by more than RESCALE_LOG2 (rarely)
+            p = gl.exp2(t - m_i[None, :])
+            t_max, p_sum = gl.reduce((t, p), 0, _max_and_sum)
+            if gl.max(t_max - m_i, axis=0) > RESCALE_LOG2:
+                p, m_i, l_i, acc = _rescaled(t, t_max, m_i, l_i, acc)
+            else:
+                l_i = l_i + p_sum
+        # P^T goes through shared memory (wgmma's B); the previous tile's product has completed (waited below)
+        p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
+        fence_async_shared()
+        mbarrier.wait(v_ready.index(s), phase)
+        acc = warpgroup_mma(_tile(v_smem, s, PACK).permute((1, 0)), p_t, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if not EARLY_K:
+            mbarrier.arrive(k_empty.index(s), count=1)
+        mbarrier.arrive(v_empty.index(s), count=1)
+        return m_i, l_i, acc
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, p_smem, key_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
+                  window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                   Q_HEADS: gl.constexpr, GROUP: gl.constexpr, NQ: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr, PDL: gl.constexpr,
-                  EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr, PACK: gl.constexpr):  # fmt: skip
-        q_ready, k_ready, v_ready, k_empty, v_empty = bars
+                  EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr, PACK: gl.constexpr, STEAL: gl.constexpr):  # fmt: skip
+        q_ready, k_ready = bars[0], bars[1]
         gl.static_assert((BLOCK_N % 64 == 0) & (HEAD_DIM % 64 == 0), "keys and head_dim are wgmma's M: 64s")
         # S^T [BLOCK_N, NQ] and O^T [HEAD_DIM, NQ]: keys and head_dim are the rows, the query group the columns
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 16])
         TOK: gl.constexpr = BLOCK_N // PACK
-        start, lo, hi, n, _ = _span(lens_ptr, b, split, num_splits, window, TOK, HALF_KEYS)
+        start, lo, hi, n, seq_len = _span(lens_ptr, b, split, num_splits, window, TOK, HALF_KEYS)
         m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
         l_i = gl.zeros([NQ], gl.float32, gl.SliceLayout(0, layout))
         acc = gl.zeros([HEAD_DIM, NQ], gl.float32, layout)
@@ -246,49 +392,42 @@ if gluon is not None:
         q_t = q_smem.reshape([NQ, HEAD_DIM]).permute((1, 0))
         p_t = p_smem.permute((1, 0))
         mbarrier.wait(q_ready.index(0), 0)
-        for j in range(n):
-            s = j % STAGES
-            phase = (j // STAGES) & 1
-            key0 = lo + j * TOK
-            mbarrier.wait(k_ready.index(s), phase)
-            if PDL:
-                if (j == n - 1) & (j > 0):  # the next kernel may launch now (the module docstring says why here)
-                    gdc_launch_dependents()
-            sc = warpgroup_mma(_tile(k_smem, s, PACK), q_t, zero, use_acc=False, is_async=True)
-            sc = warpgroup_mma_wait(0, deps=(sc,))
-            if EARLY_K:  # K is read by the QK product only
-                mbarrier.arrive(k_empty.index(s), count=1)
-            if (key0 < start) | (key0 + TOK > hi):  # a window's first tile or the range's last
-                keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)) // PACK
-                sc = gl.where(((keys >= start) & (keys < hi))[:, None], sc, float("-inf"))
-            if PACK > 1:  # a column sees its own head's rows only (row r holds head r % PACK; the columns past
-                # the heads' groups, not stored, see every row: no column without a visible key)
-                rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-                cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, layout))
-                own = ((rows % PACK)[:, None] == (cols // GROUP)[None, :]) | (cols >= GROUP * PACK)[None, :]
-                sc = gl.where(own, sc, float("-inf"))
-            t = sc * qk_scale
-            if j == 0:  # t's maximum is finite: every tile holds a visible key
-                p, m_i, l_i, acc = _rescaled(t, gl.max(t, axis=0), m_i, l_i, acc)
-            else:
-                # the probabilities against the running maximum, then the tile's maximum and their sum in one
-                # reduction across the warps; redone against a new maximum only where the tile's passes the running
-                # one by more than RESCALE_LOG2 (rarely)
-                p = gl.exp2(t - m_i[None, :])
-                t_max, p_sum = gl.reduce((t, p), 0, _max_and_sum)
-                if gl.max(t_max - m_i, axis=0) > RESCALE_LOG2:
-                    p, m_i, l_i, acc = _rescaled(t, t_max, m_i, l_i, acc)
-                else:
-                    l_i = l_i + p_sum
-            # P^T goes through shared memory (wgmma's B); the previous tile's product has completed (waited below)
-            p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
-            fence_async_shared()
-            mbarrier.wait(v_ready.index(s), phase)
-            acc = warpgroup_mma(_tile(v_smem, s, PACK).permute((1, 0)), p_t, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            if not EARLY_K:
-                mbarrier.arrive(k_empty.index(s), count=1)
-            mbarrier.arrive(v_empty.index(s), count=1)
+        if STEAL > 0:
+            # units of STEAL tiles as the loader takes them (its key ring says where each starts and how many tiles
+            # it has; -1 when it has no more); the next kernel may launch once this CTA reads in the range's last
+            # units, where every split's last unit lies
+            tail = seq_len - num_splits * STEAL * TOK
+            j = 0
+            mbarrier.wait(k_ready.index(0), 0)
+            unit = _read_key(key_smem, 0)
+            while unit >= 0:
+                first = (unit >> 6) * TOK
+                for t in range(unit & 63):
+                    s = j % STAGES
+                    phase = (j // STAGES) & 1
+                    key0 = first + t * TOK
+                    if t > 0:
+                        mbarrier.wait(k_ready.index(s), phase)
+                    if PDL:
+                        if key0 >= tail:
+                            gdc_launch_dependents()
+                    m_i, l_i, acc = _tile_step(k_smem, v_smem, p_smem, q_t, p_t, zero, bars, s, phase, j == 0, key0,
+                                               start, seq_len, m_i, l_i, acc, qk_scale, layout, GROUP, EARLY_K,
+                                               PACK)  # fmt: skip
+                    j += 1
+                mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+                unit = _read_key(key_smem, j % STAGES)
+        else:
+            for j in range(n):
+                s = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(s), phase)
+                if PDL:
+                    if (j == n - 1) & (j > 0):  # the next kernel may launch now (the module docstring says why here)
+                        gdc_launch_dependents()
+                m_i, l_i, acc = _tile_step(k_smem, v_smem, p_smem, q_t, p_t, zero, bars, s, phase, j == 0,
+                                           lo + j * TOK, start, hi, m_i, l_i, acc, qk_scale, layout, GROUP, EARLY_K,
+                                           PACK)  # fmt: skip
         o = acc / gl.where(l_i > 0, l_i, 1.0)[None, :]  # no visible key: zeros
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, layout))
@@ -346,12 +485,13 @@ if gluon is not None:
         return q_ready, k_ready, v_ready, k_empty, v_empty
 
     @gluon.jit
-    def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
-                          window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+    def _ws_decode_kernel(q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, counters_ptr,
+                          qk_scale, window, num_splits, stride_tb, stride_ob, stride_oh, stride_pb, stride_ph,
+                          stride_ps,
                           Q_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, PAGE: gl.constexpr, LANES: gl.constexpr, DIRECT: gl.constexpr,
                           PDL: gl.constexpr, EARLY_K: gl.constexpr, HALF_KEYS: gl.constexpr,
-                          PACK: gl.constexpr):  # fmt: skip
+                          PACK: gl.constexpr, STEAL: gl.constexpr):  # fmt: skip
         NQ: gl.constexpr = q_desc.block_type.shape[1]  # the query groups padded to wgmma's N (query_columns)
         kvh = gl.program_id(0)  # the CTA's first KV head is kvh * PACK
         b = gl.program_id(1)
@@ -359,14 +499,29 @@ if gluon is not None:
         q_smem, k_smem, v_smem = ring_buffers(q_desc, kc_desc, vc_desc, STAGES, BLOCK_N, HEAD_DIM, PACK)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NQ, BLOCK_N], kc_desc.dtype)
         p_smem = gl.allocate_shared_memory(kc_desc.dtype, [NQ, BLOCK_N], p_layout)
+        # with STEAL: the ring's key words (a unit's first tile and tile count, from the loader to the consumer)
+        key_smem = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         bars = ring_barriers(STAGES)
-        gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, p_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
-                         window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                         Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS, PACK)),
-            (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
-                       bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, HALF_KEYS, PACK)),
-        ], [1], [24])  # fmt: skip
+        if STEAL > 0:
+            gl.static_assert((PACK == 1) & (HALF_KEYS == 0), "tile stealing takes one KV head per CTA, no halving")
+            gl.warp_specialize([  # (a partition's function and arguments must be written out in the call)
+                (_consumer, (q_smem, k_smem, v_smem, p_smem, key_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr,
+                             qk_scale, window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph,
+                             stride_ps, Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS,
+                             PACK, STEAL)),
+                (_stealing_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, counters_ptr, stride_tb, window,
+                                    q_smem, k_smem, v_smem, key_smem, bars, b, kvh, split, num_splits, GROUP, BLOCK_N,
+                                    STAGES, PAGE, LANES, PDL, STEAL)),
+            ], [1], [24])  # fmt: skip
+        else:
+            gl.warp_specialize([  # (a partition's function and arguments must be written out in the call)
+                (_consumer, (q_smem, k_smem, v_smem, p_smem, key_smem, bars, lens_ptr, out_ptr, part_ptr, lse_ptr,
+                             qk_scale, window, b, kvh, split, num_splits, stride_ob, stride_oh, stride_pb, stride_ph,
+                             stride_ps, Q_HEADS, GROUP, NQ, HEAD_DIM, BLOCK_N, STAGES, DIRECT, PDL, EARLY_K, HALF_KEYS,
+                             PACK, STEAL)),
+                (_loader, (q_desc, kc_desc, vc_desc, tables_ptr, lens_ptr, stride_tb, window, q_smem, k_smem, v_smem,
+                           bars, b, kvh, split, num_splits, GROUP, BLOCK_N, STAGES, PAGE, LANES, PDL, HALF_KEYS, PACK)),
+            ], [1], [24])  # fmt: skip
 
 
 def launch_options(config) -> dict:
@@ -381,17 +536,46 @@ def query_columns(group: int) -> int:
 
 
 def smem_bytes(config, head_dim: int, elem_size: int, group: int) -> int:
-    """Shared memory of one CTA: the K and V rings, the query box, P^T and the mbarriers (the compiler adds
-    0.2-1 KB of scratch for the softmax's reductions across warps)."""
+    """Shared memory of one CTA: the K and V rings, the query box, P^T, the mbarriers and the key words (the compiler
+    adds 0.2-1 KB of scratch for the softmax's reductions across warps)."""
     ring = 2 * config.num_stages * config.block_n * head_dim * elem_size
     columns = query_columns(group * config.pack_heads)
-    return ring + columns * (head_dim + config.block_n) * elem_size + 8 * (4 * config.num_stages + 1)
+    barriers, keys = 8 * (4 * config.num_stages + 1), 4 * config.num_stages
+    return ring + columns * (head_dim + config.block_n) * elem_size + barriers + keys
 
 
 def page_lanes(config, page: int) -> int:
-    """Lanes of the loader's page lookup: one per box of a group of STAGES tiles, to a power of two."""
+    """Lanes of the loader's page lookup: one per box of a group of STAGES tiles (with tile stealing, of a unit of
+    steal_tiles tiles where that is more), to a power of two."""
     boxes = max(1, config.block_n // config.pack_heads // page)
-    return triton.next_power_of_2(config.num_stages * boxes)
+    return triton.next_power_of_2(max(config.num_stages, config.steal_tiles) * boxes)
+
+
+def steals(config, num_splits: int) -> int:
+    """Tiles per unit of the call's tile stealing, 0 for none: the config's steal_tiles on a split grid of one KV
+    head per CTA."""
+    return config.steal_tiles if num_splits > 1 and config.pack_heads == 1 else 0
+
+
+STEAL_MAX_UNITS = 4096  # (sequence, KV head) pairs a kept counter buffer covers (32 KB); beyond, no stealing
+
+
+def steal_counters(device, units: int, memo: dict | None):
+    """The stealing counters of a call over `units` (sequence, KV head) pairs, two int32 each, zero (each call's
+    last loader of a pair sets its pair back to zero), or None: more than STEAL_MAX_UNITS pairs, or a memo without
+    counters yet while a CUDA graph is being captured (memory allocated there belongs to the graph; the engine's
+    warm-up before each capture allocates them). Kept in `memo` (the caches' owner: its calls run one after the
+    other on one stream, so no two share the counters at once); without one, fresh zeros per call."""
+    if units > STEAL_MAX_UNITS:
+        return None
+    if memo is None:
+        return torch.zeros(2 * units, dtype=torch.int32, device=device)
+    counters = memo.get("steal_counters")
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = memo["steal_counters"] = torch.zeros(2 * STEAL_MAX_UNITS, dtype=torch.int32, device=device)
+    return counters
 
 
 def descriptors(q, k_cache, v_cache, block_n: int, pack: int = 1, cache_memo: dict | None = None):
@@ -432,17 +616,19 @@ def constexprs(q_heads: int, kv_heads: int, head_dim: int, page: int, config, nu
     return dict(
         Q_HEADS=q_heads, GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_N=config.block_n,
         STAGES=config.num_stages, PAGE=page, LANES=page_lanes(config, page), DIRECT=num_splits == 1, PDL=pdl,
-        EARLY_K=config.early_k_release, HALF_KEYS=config.half_splits_keys if num_splits > 1 else 0,
+        EARLY_K=config.early_k_release, STEAL=steals(config, num_splits),
+        HALF_KEYS=config.half_splits_keys if num_splits > 1 and not steals(config, num_splits) else 0,
         PACK=config.pack_heads,
     )  # fmt: skip
 
 
 def launch(
     q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False,
-    cache_memo=None,
+    cache_memo=None, counters=None,
 ):  # fmt: skip
     """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
-    log-sum-exps for `decode._reduce_kernel`. `cache_memo`: `descriptors`."""
+    log-sum-exps for `decode._reduce_kernel`. `cache_memo`: `descriptors`. Where the call steals tiles (`steals`),
+    `counters`: `steal_counters`' buffer for its batch (without, fresh zeros)."""
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     pack = config.pack_heads
@@ -453,8 +639,15 @@ def launch(
         )
     q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n, pack, cache_memo)
     part_strides = (0, 0, 0) if num_splits == 1 else part.stride()[:3]
+    if steals(config, num_splits):
+        if counters is None:
+            counters = torch.zeros(2 * batch * kv_heads, dtype=torch.int32, device=q.device)
+        if counters.dtype != torch.int32 or counters.numel() < 2 * batch * kv_heads:
+            raise ValueError(f"tile stealing needs 2 int32 counters per (sequence, KV head): {2 * batch * kv_heads}")
+    else:
+        counters = seq_lens  # not read
     launch_compiled(_ws_decode_kernel, (kv_heads // pack, batch, num_splits),
-        q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, float(scale) * LOG2E,
+        q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, counters, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
         out.stride(1), *part_strides, **constexprs(q_heads, kv_heads, head_dim, page, config, num_splits, pdl),
         **pdl_options(pdl), **launch_options(config),

@@ -60,12 +60,13 @@ def decode_plan(
                 del plans[0]
     for one_wave, count in plans:
         if count is not None and num_splits in (None, count):
-            return count, short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
+            config = short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
+            return count, stealing_config(config, count, max_context, units)
     config = many_wave_config(table, head_dim, q.dtype, ws)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
-    return num_splits, packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits,
-                                     device)  # fmt: skip
+    config = packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits, device)
+    return num_splits, stealing_config(config, num_splits, max_context, units)
 
 
 def bound_plan(
@@ -92,6 +93,23 @@ def packed_config(config, group: int, kv_heads: int, page: int, units: int, max_
     if pack == 1 or not decode_ws.packs(config, group, kv_heads, page, pack):
         return config
     return replace(config, pack_heads=pack)
+
+
+def stealing_config(config, num_splits: int, max_context: int, units: int):
+    """`config` keeping its steal_tiles (decode_ws.py's tile stealing) where its splits read at least
+    splits.STEAL_MIN_KEYS keys of the context bound each, on a grid of one KV head per CTA and at most
+    decode_ws.STEAL_MAX_UNITS (sequence, KV head) pairs; then without halving (half_splits_keys: the stealing
+    splits share out a short sequence's units themselves). On other split grids `config` without stealing; unsplit
+    ones steal nothing, and keep `config` as it is."""
+    if not isinstance(config, WsDecodeConfig) or not config.steal_tiles or num_splits == 1:
+        return config
+    if (
+        decode_ws.steals(config, num_splits)
+        and split_model.steals(max_context, num_splits)
+        and units <= decode_ws.STEAL_MAX_UNITS
+    ):
+        return replace(config, half_splits_keys=0)
+    return replace(config, steal_tiles=0)
 
 
 def short_splits_config(table, config, head_dim: int, dtype, max_context: int, count: int):

@@ -88,6 +88,15 @@ LONG_TWO_CTA_COUNTS = (16,)
 # one wave the packed grid must fill (256 CTAs of 264 slots: 0.97; packed grids of 384 or 192, 0.73, lost).
 PACK_COUNTS = (4, 2)
 PACK_MIN_WAVE = 0.9
+# Keys of the context bound each split must read for the plan to keep a config's tile stealing (decode_ws.py). The
+# CTAs of one wave stream at unequal rates (up to 1.3x apart at MHA B=1 L=128k), so fixed splits end unevenly and the
+# grid waits for the slowest; stealing units of 4 tiles evens them, for a counter round trip per unit. On the H200
+# (2026-12-01, probe runs, fp16, engine's pages, medians of 5-7 interleaved, two machines) against fixed splits:
+# 8192-16384 keys per split gained (MHA B=1 L=128k S=8 1.5-3.4%, L=64k 1.4%), 4096 about broke even (MHA L=32k
+# -0.4-+0.4%, GQA B=1 L=128k S=32 +0.9-1.0%, B=4 L=32k +0.4%), 2048 and fewer lost (MHA L=16k 1.4-2.5%, GQA L=64k
+# S=32 1.4%, MHA L=4k 8%); benchmarks/results/decode_stealing_NVIDIA_H200.md (2026-12-02) has a run of both sides.
+# The engine plans with its context bucket's upper end, at most twice the length it runs.
+STEAL_MIN_KEYS = 8192
 
 
 def modelled_time_us(
@@ -136,6 +145,11 @@ def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, m
         return None
     count = 1 << (min(max_splits, slots // units).bit_length() - 1)
     return count if in_one_deep_wave(units, count, max_context, sm_count, ctas_per_sm) else None
+
+
+def steals(max_context: int, count: int) -> bool:
+    """Whether each of `count` splits of `max_context` keys reads at least STEAL_MIN_KEYS of them."""
+    return max_context >= count * STEAL_MIN_KEYS
 
 
 def short_splits(max_context: int, count: int) -> bool:

@@ -25,7 +25,7 @@ from kernels.ops.rotary import _rotary_kernel
 
 FLOATS = ("scale", "softcap", "qk_scale", "eps", "weight_offset")
 PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64",
-             "pos_ptr": "*i64", "cache_ptr": "*fp32"}  # fmt: skip
+             "pos_ptr": "*i64", "cache_ptr": "*fp32", "counters_ptr": "*i32"}  # fmt: skip
 MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
 
 

@@ -333,3 +333,85 @@ def test_launch_options_take_the_configs_registers():
     for registers, per_sm in ((128, 2), (168, 1)):
         options = decode_ws.launch_options(WsDecodeConfig(64, 2, 1, registers=registers))
         assert 65536 // (256 * options["maxnreg"]) == per_sm
+
+
+WAVES = TABLES["sm_90"].decode_ws_config(128, grid="waves")
+
+
+def test_tile_stealing_takes_split_grids_of_one_kv_head_per_cta():
+    """The kernel steals on split grids of configs with steal_tiles, one KV head per CTA; the loader looks up a
+    whole unit's pages at once."""
+    assert WAVES.steal_tiles == 4
+    assert decode_ws.steals(WAVES, 2) == 4 and decode_ws.steals(WAVES, 1) == 0
+    assert decode_ws.steals(dataclasses.replace(WAVES, pack_heads=2), 2) == 0
+    assert decode_ws.steals(dataclasses.replace(WAVES, steal_tiles=0), 8) == 0
+    assert decode_ws.page_lanes(WAVES, 16) == 16  # 4 tiles x 4 pages (the 2-stage ring alone: 8)
+    assert decode_ws.page_lanes(dataclasses.replace(WAVES, steal_tiles=0), 16) == 8
+    consts = decode_ws.constexprs(32, 8, 128, 16, TABLES["sm_90"].decode_ws_config(128, grid="long"), 32, True)
+    assert consts["STEAL"] == 4 and consts["HALF_KEYS"] == 0  # stealing, no halving
+    assert decode_ws.constexprs(32, 8, 128, 16, WAVES, 1, True)["STEAL"] == 0
+
+
+def test_steal_counters_are_kept_per_owner_and_refused_past_their_size():
+    cpu = torch.device("cpu")
+    memo = {}
+    counters = decode_ws.steal_counters(cpu, 10, memo)
+    assert counters.dtype == torch.int32 and counters.numel() == 2 * decode_ws.STEAL_MAX_UNITS
+    assert not counters.any() and decode_ws.steal_counters(cpu, 300, memo) is counters  # one buffer per owner
+    assert decode_ws.steal_counters(cpu, 10, None).shape == (20,)  # no owner: fresh zeros for the call
+    assert decode_ws.steal_counters(cpu, decode_ws.STEAL_MAX_UNITS + 1, memo) is None
+
+
+@needs_sm90
+@pytest.mark.parametrize("unit", [1, 4, 8])
+@pytest.mark.parametrize(
+    "grid,page,q_heads,kv_heads,dtype",
+    [("waves", 16, 32, 8, torch.float16), ("long", 16, 32, 8, torch.bfloat16), ("waves", 32, 8, 8, torch.float16),
+     ("waves", 64, 28, 4, torch.bfloat16)],
+    ids=str,
+)  # fmt: skip
+def test_tile_stealing_matches_reference(grid, page, q_heads, kv_heads, dtype, unit):
+    """Splits taking units of 1-8 tiles from their (sequence, KV head)'s counter: ragged lengths (one key, a page
+    and a tile either side, 4097), windows, 1-32 splits (one: no stealing), MHA and GQA, pages of 16-64 tokens."""
+    config = dataclasses.replace(TABLES["sm_90"].decode_ws_config(128, dtype, grid), steal_tiles=unit)
+    for window, splits in RUNS:
+        out, ref = decode_case(LENS, page, q_heads, kv_heads, 128, dtype, window, splits, config)
+        assert_close(out, ref, dtype)
+
+
+@needs_sm90
+def test_tile_stealing_leaves_its_counters_at_zero_call_after_call_and_in_graph_replays():
+    """With a kept counter buffer (the layer's cache memo): each call's last loader of a pair sets the pair back,
+    so the next call, and each replay of a CUDA graph of the call with other lengths, divides the work anew."""
+    lens = [5000, 1, 300, 9000, 64, 4096]
+    k_cache, v_cache, tables = make_paged([9001] * len(lens), 16, 8, 128, torch.float16)  # pages for any length
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    q = torch.randn(len(lens), 32, 128, device=DEV).to(torch.float16)
+    memo = {}
+
+    def call(out):
+        return decode.paged_decode_attention(
+            q, k_cache, v_cache, tables, seq_lens, 128**-0.5, None, 8, out, config=WAVES, cache_memo=memo
+        )
+
+    def reference_now():
+        return reference.paged_decode_attention(
+            q.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 128**-0.5, None, None, None, 0.0
+        )
+
+    for _ in range(3):
+        out = call(poisoned_like(q))
+        torch.cuda.synchronize()
+        assert not memo["steal_counters"].any()
+        assert_close(out, reference_now(), torch.float16)
+    out = poisoned_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(out)
+    for new in ([9000, 2, 4097, 1, 5000, 128], [17, 8000, 64, 65, 3000, 9001]):
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not memo["steal_counters"].any()
+        assert_close(out, reference_now(), torch.float16)

@@ -8,7 +8,14 @@ import torch
 
 from kernels.attention import decode_ws, splits
 from kernels.attention.configs import TABLES
-from kernels.attention.plan import bound_plan, decode_plan, decode_splits, one_wave_configs, triton_config
+from kernels.attention.plan import (
+    bound_plan,
+    decode_plan,
+    decode_splits,
+    one_wave_configs,
+    stealing_config,
+    triton_config,
+)
 from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
@@ -24,6 +31,10 @@ DEEP, WS, SHORT, WAVES, LONG = (TABLES["sm_90"].decode_deep_config(128), TABLES[
                                 TABLES["sm_90"].decode_ws_config(128, grid="short"),
                                 TABLES["sm_90"].decode_ws_config(128, grid="waves"),
                                 TABLES["sm_90"].decode_ws_config(128, grid="long"))  # fmt: skip
+# the two-CTA configs as the plan gives them to split grids whose splits are too short for tile stealing
+# (splits.STEAL_MIN_KEYS), and the long one where it keeps the stealing (without its halving)
+FIXED_WAVES, FIXED_LONG = (dataclasses.replace(c, steal_tiles=0) for c in (WAVES, LONG))
+STEALING_LONG = dataclasses.replace(LONG, half_splits_keys=0)
 
 
 def test_a_full_batch_is_not_split():
@@ -114,14 +125,14 @@ def test_decode_plan_takes_a_one_wave_config_only_where_one_applies():
     if decode_ws.available(dev90, 4, 16):
         assert plan(32, 2048, dev90) == (1, WAVES)  # 256 units: one wave of two CTAs per SM, not of one
         # 8 units: one wave of the Gluon kernel's one CTA per SM would split 16 ways into 8192 keys: two CTAs per SM
-        assert plan(1, 131072, dev90) == (32, LONG)
-        assert plan(1, 131072, dev90, torch.bfloat16) == (32, LONG)
+        assert plan(1, 131072, dev90) == (32, FIXED_LONG)
+        assert plan(1, 131072, dev90, torch.bfloat16) == (32, FIXED_LONG)
         assert plan(1, 32768, dev90) == (16, SHORT)  # splits of 2048 keys: the short-split config
         assert plan(1, 2048, dev90) == (16, SHORT)  # 128 keys per split (at two CTAs per SM 32 would read 64)
         # grids the one-CTA config would split 2-8 ways: two CTAs per SM, twice the splits
-        assert plan(2, 32768, dev90) == (16, WAVES)  # 16 units
-        assert plan(4, 32768, dev90) == (8, WAVES)  # 32 units
-        assert plan(8, 4096, dev90) == (4, WAVES)  # 64 units
+        assert plan(2, 32768, dev90) == (16, FIXED_WAVES)  # 16 units
+        assert plan(4, 32768, dev90) == (8, FIXED_WAVES)  # 32 units
+        assert plan(8, 4096, dev90) == (4, FIXED_WAVES)  # 64 units
         assert plan(16, 4096, dev90) == (1, WS)  # 128 units: unsplit at one CTA per SM
         assert plan(16, 2048, dev90) == (1, SHORT)  # the same, unsplit over 2048 keys
         ws64 = table.decode_ws_config(64)  # head_dim 64 has no two-CTA Gluon config: the one-CTA one keeps them
@@ -151,9 +162,12 @@ def test_short_splits_take_the_short_split_config_at_the_same_count():
         for batch, ctx, count in ((1, 4096, 16), (1, 32768, 16), (12, 2048, 1), (16, 2048, 1)):
             plan = decode_plan(*plan_inputs(batch, ctx), sm90)
             assert plan == (count, SHORT), (batch, ctx, plan)  # 256, 2048, 2048 and 2048 keys per split
-        assert decode_plan(*plan_inputs(1, 32768 + 16), sm90) == (32, LONG)  # 2049 keys per split (the next test)
+        assert decode_plan(*plan_inputs(1, 32768 + 16), sm90) == (32, FIXED_LONG)  # 2049 keys per split (the next test)
         assert decode_plan(*plan_inputs(12, 4096), sm90) == (1, WS)  # unsplit over 4096 keys
-        assert decode_plan(*plan_inputs(2, 2048), sm90) == (16, WAVES)  # 8-way on one CTA: the two-CTA config first
+        assert decode_plan(*plan_inputs(2, 2048), sm90) == (
+            16,
+            FIXED_WAVES,
+        )  # 8-way on one CTA: the two-CTA config first
         assert decode_plan(*plan_inputs(1, 4096, 28, 4), sm90) == (32, SHORT)  # 4 units, 32 splits of 128 keys
         assert decode_plan(*plan_inputs(1, 4096, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_ws_config(64)
         assert decode_plan(*plan_inputs(1, 4096, 4, 1, 256), sm90)[1] == TABLES["sm_90"].decode_ws_config(256)
@@ -174,14 +188,15 @@ def test_long_splits_take_the_halving_two_cta_config_at_twice_the_count():
         for batch, ctx, q_heads, kv_heads in ((1, 131072, 32, 8), (1, 32768 + 16, 32, 8), (2, 65536, 16, 4),
                                               (1, 65536, 20, 5)):  # fmt: skip
             plan = decode_plan(*plan_inputs(batch, ctx, q_heads, kv_heads), sm90)
-            assert plan == (32, LONG), (batch, ctx, q_heads, kv_heads, plan)
+            assert plan == (32, FIXED_LONG), (batch, ctx, q_heads, kv_heads, plan)
         assert decode_plan(*plan_inputs(1, 32768), sm90) == (16, SHORT)  # 2048 keys per split
         assert decode_plan(*plan_inputs(1, 131072, 28, 4), sm90) == (32, WS)  # 4 units: 32 ways, not 16
-        assert decode_plan(*plan_inputs(1, 131072, 32, 32), sm90) == (8, WAVES)  # 32 units: 4 ways on one CTA
+        # 32 units: 4 ways on one CTA; splits of 16k keys steal tiles
+        assert decode_plan(*plan_inputs(1, 131072, 32, 32), sm90) == (8, WAVES)
         assert decode_plan(*plan_inputs(1, 131072, head_dim=64), sm90)[1] == TABLES["sm_90"].decode_ws_config(64)
         assert decode_plan(*plan_inputs(1, 131072, 8, 4, 256), sm90)[1] == TABLES["sm_90"].decode_ws_config(256)
         # a given count: the long config's own, else the next config whose own count it is
-        assert decode_plan(*plan_inputs(1, 131072), sm90, num_splits=32) == (32, LONG)
+        assert decode_plan(*plan_inputs(1, 131072), sm90, num_splits=32) == (32, FIXED_LONG)
     assert decode_plan(*plan_inputs(1, 131072), sm90, gluon=False)[1] == DEEP
     assert decode_plan(*plan_inputs(1, 131072, dtype=torch.float32), sm90)[1] == TABLES["sm_90"].decode_config(128)
     for arch, table in TABLES.items():  # sm_90 at head_dim 128 only
@@ -200,11 +215,11 @@ def test_decode_plan_of_a_grid_of_several_waves():
     triton = TABLES["sm_90"].decode_config(128)
     # the wave model: 9 splits at two CTAs per SM (2880 CTAs, ~11 waves of 264), 3 at the Triton config's four
     if decode_ws.available(sm90, 4, 16):
-        assert decode_plan(*inputs, sm90) == (9, WAVES)
+        assert decode_plan(*inputs, sm90) == (9, FIXED_WAVES)  # 3641 keys per split
         # 1024 units: packed 4 KV heads per CTA into one wave (the next test)
         assert decode_plan(*plan_inputs(128, 512), sm90) == (1, dataclasses.replace(WAVES, pack_heads=4))
         assert decode_plan(*plan_inputs(128, 2048), sm90) == (1, WAVES)  # 1024 units, 8192 keys per packed CTA
-        assert decode_plan(*plan_inputs(1, 1024), sm90)[1] == WAVES  # 8 units, splits too short for one wave
+        assert decode_plan(*plan_inputs(1, 1024), sm90)[1] == FIXED_WAVES  # 8 units, splits too short for one wave
     assert decode_plan(*inputs, sm90, gluon=False) == (3, triton)
     assert decode_plan(*plan_inputs(128, 512), sm90, gluon=False)[1] == triton
     assert decode_plan(*plan_inputs(1, 1024), sm90, gluon=False)[1] == triton
@@ -273,8 +288,8 @@ def test_gluon_splits_read_two_tiles_at_least_beyond_one_wave_too():
     sm90 = sim_device((9, 0), sm_count=132)
     assert splits.DEEP_MIN_TOKENS == 128
     if decode_ws.available(sm90, 4, 16):
-        assert decode_plan(*plan_inputs(1, 3072, 28, 4), sm90) == (24, WAVES)  # the model alone: 48 splits
-        assert decode_plan(*plan_inputs(1, 1024), sm90) == (8, WAVES)  # 16
+        assert decode_plan(*plan_inputs(1, 3072, 28, 4), sm90) == (24, FIXED_WAVES)  # the model alone: 48 splits
+        assert decode_plan(*plan_inputs(1, 1024), sm90) == (8, FIXED_WAVES)  # 16
         ws256 = TABLES["sm_90"].decode_ws_config(256)
         assert decode_plan(*plan_inputs(1, 4096, 4, 1, 256), sm90) == (32, ws256)  # Gemma 3's heads: 64
         for q_heads, kv_heads, head_dim in ((32, 8, 128), (28, 4, 128), (16, 2, 128), (4, 1, 256)):
@@ -312,8 +327,8 @@ def test_a_given_count_keeps_a_one_wave_config_only_where_it_is_that_configs_own
     if decode_ws.available(device, 4, 16):
         assert decode_plan(q, k_cache, tables, device) == (1, SHORT)  # 1120 keys: the short-split config
         assert decode_plan(q, k_cache, tables, device, num_splits=1) == (1, SHORT)  # the plan's own count: same
-        assert decode_plan(q, k_cache, tables, device, num_splits=2) == (2, WAVES)  # two CTAs per SM
-        assert decode_plan(q, k_cache, tables, device, num_splits=4) == (4, WAVES)  # two waves of it
+        assert decode_plan(q, k_cache, tables, device, num_splits=2) == (2, FIXED_WAVES)  # two CTAs per SM
+        assert decode_plan(q, k_cache, tables, device, num_splits=4) == (4, FIXED_WAVES)  # two waves of it
     assert decode_plan(q, k_cache, tables, device, gluon=False) == (2, DEEP)
     assert decode_plan(q, k_cache, tables, device, 2, gluon=False) == (2, DEEP)  # deep's own count
     assert decode_plan(q, k_cache, tables, device, 4, gluon=False) == (4, TABLES["sm_90"].decode_config(128))
@@ -367,4 +382,24 @@ def test_the_plan_is_the_one_the_committed_h200_result_measured():
         k_cache = torch.empty(8, PAGE, row["kv_heads"], HEAD_DIM, dtype=dtype, device="meta")
         tables = torch.empty(row["batch"], row["ctx"] // PAGE, dtype=torch.int32, device="meta")
         count, config = decode_plan(q, k_cache, tables, device)
-        assert (count, config_name(config)) == (row["heuristic_splits"], row["heuristic_config"]), row
+        assert (count, config_name(config, count)) == (row["heuristic_splits"], row["heuristic_config"]), row
+
+
+def test_the_plan_steals_tiles_where_each_split_reads_enough_keys():
+    """The two-CTA configs steal tiles (decode_ws.py) on split grids whose splits read splits.STEAL_MIN_KEYS keys of
+    the bound each (the long config then without its halving); shorter splits take fixed ranges, unsplit grids keep
+    the table's config (nothing to steal), and so do configs without steal_tiles."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    assert WAVES.steal_tiles == LONG.steal_tiles == 4 and WS.steal_tiles == SHORT.steal_tiles == 0
+    assert splits.STEAL_MIN_KEYS == 8192 and splits.steals(65536, 8) and not splits.steals(65535, 8)
+    if decode_ws.available(sm90, 4, 16):
+        for ctx, tiles in ((32768, 0), (65536 - 16, 0), (65536, 4), (131072, 4)):  # MHA B=1: 8 splits
+            count, config = decode_plan(*plan_inputs(1, ctx, 32, 32), sm90)
+            assert (count, config.steal_tiles) == (8, tiles), ctx
+        assert decode_plan(*plan_inputs(1, 262144), sm90) == (32, STEALING_LONG)
+        assert decode_plan(*plan_inputs(32, 2048), sm90) == (1, WAVES)
+    assert stealing_config(WAVES, 8, 1 << 20, decode_ws.STEAL_MAX_UNITS + 1) == FIXED_WAVES
+    assert stealing_config(dataclasses.replace(WAVES, pack_heads=2), 8, 1 << 20, 8).steal_tiles == 0
+    assert stealing_config(WAVES, 1, 1 << 20, 8) == WAVES
+    assert stealing_config(DEEP, 8, 1 << 20, 8) == DEEP
+    assert stealing_config(WS, 8, 1 << 20, 8) == WS
