@@ -71,11 +71,13 @@ def decode_inputs(dtype, q_heads, kv_heads, batch, ctx, head_dim=HEAD_DIM, page=
 
 
 def decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config):
-    """One decode call per block-table set (each set reads its own KV blocks)."""
+    """One decode call per block-table set (each set reads its own KV blocks), with one cache memo, as an attention
+    layer keeps for its cache (descriptors, tile-stealing counters)."""
     scale = q.shape[-1] ** -0.5
+    memo = {}
     return [
         lambda t=t: decode.paged_decode_attention(
-            q, k_cache, v_cache, t, seq_lens, scale, None, splits, out, config=config
+            q, k_cache, v_cache, t, seq_lens, scale, None, splits, out, config=config, cache_memo=memo
         )
         for t in perm
     ]
@@ -160,9 +162,11 @@ def bench_step(dtype, q_heads, kv_heads, batch, ctx, device):
     out = torch.empty_like(q)
     scale = q.shape[-1] ** -0.5
 
+    memo = {}
+
     def step(table, slots):
         kv_write.write_kv_cache(k_new, v_new, k_cache, v_cache, slots)
-        decode.paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale, None, None, out)
+        decode.paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale, None, None, out, cache_memo=memo)
 
     last_rows = [t[:, -1].long() * PAGE + PAGE - 1 for t in perm]  # each sequence's last row is the step's token
     calls = [lambda t=t, s=s: step(t, s) for t, s in zip(perm, last_rows, strict=True)]
@@ -194,18 +198,20 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, device, config=None):
     else:
         heur, chosen, candidates = plan.decode_splits(q, k_cache, perm[0], device, config), config, [config]
     row = {"batch": batch, "ctx": ctx, "q_heads": q_heads, "kv_heads": kv_heads, "kv_mb": kv_bytes / 2**20}
-    row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen)
+    row["heuristic_splits"], row["heuristic_config"] = heur, config_name(chosen, heur)
     row["ours_us"] = graph_time_us(ours(heur, chosen))
     with pdl.without_dependent_launch(device):
         row["ours_no_pdl_us"] = graph_time_us(ours(heur, chosen))
-    sweep = {}  # (splits, config): us
+    sweep = {}  # (splits, config): us, each config as the plan runs it at that count (stealing_config)
+    units, bound = batch * kv_heads, perm.shape[-1] * PAGE
     for c in candidates:
         for s in SWEEP:
             if s <= split_model.MAX_SPLITS and s <= max(1, ctx // 64):
-                sweep[s, c] = row["ours_us"] if (s, c) == (heur, chosen) else graph_time_us(ours(s, c))
+                cs = plan.stealing_config(c, s, bound, units)
+                sweep[s, cs] = row["ours_us"] if (s, cs) == (heur, chosen) else graph_time_us(ours(s, cs))
     best = min(sweep, key=sweep.get)
-    row["sweep_us"] = {f"{config_name(c)} S={s}": us for (s, c), us in sweep.items()}
-    row["best_fixed"] = f"{config_name(best[1])} S={best[0]}"
+    row["sweep_us"] = {f"{config_name(c, s)} S={s}": us for (s, c), us in sweep.items()}
+    row["best_fixed"] = f"{config_name(best[1], best[0])} S={best[0]}"
     # the three times the row compares, each the median of ROUNDS interleaved measurements: a latency-bound row's
     # single measurement moved with the GPU's state between them (B=1 L=4k GQA on one H200, 20 measurements of the
     # short-split config at 128 registers: 7.38 once, 7.93-8.14 otherwise), and the least would take a rare one

@@ -47,7 +47,7 @@ def bench_decode(dtype, q_heads, kv_heads, batch, ctx, head_dim, device) -> dict
     for name, gluon in (("plan", True), ("triton", False)):
         splits, config = plan.decode_plan(q, k_cache, perm[0], device, gluon=gluon)
         out = torch.empty_like(q)
-        row[f"{name}_config"], row[f"{name}_splits"] = config_name(config), splits
+        row[f"{name}_config"], row[f"{name}_splits"] = config_name(config, splits), splits
         row[f"{name}_us"] = graph_time_us(decode_calls(q, k_cache, v_cache, perm, seq_lens, splits, out, config))
         outs.append(out.float())
     row["max_diff"] = (outs[0] - outs[1]).abs().max().item()

@@ -66,7 +66,7 @@ def layout_calls(dtype, q_heads, kv_heads, batch, ctx, page, order, device):
         k_cache, v_cache, tables = engine_pages(dtype, kv_heads, batch, ctx, tables.shape[0], runs=order == "runs")
     splits, config = plan.decode_plan(q, k_cache, tables[0], device)
     calls = decode_calls(q, k_cache, v_cache, tables, lens, splits, torch.empty_like(q), config)
-    return calls, f"{config_name(config)} S={splits}", q, tables.shape[0], kv_bytes
+    return calls, f"{config_name(config, splits)} S={splits}", q, tables.shape[0], kv_bytes
 
 
 def layout_times(dtype, q_heads, kv_heads, batch, ctx, layouts, device, pdl: bool):

@@ -44,7 +44,7 @@ def bench_shape(q_heads, kv_heads, batch, ctx, max_model_len, device) -> dict:
     return {
         "q_heads": q_heads, "kv_heads": kv_heads, "batch": batch, "ctx": ctx, "max_model_len": max_model_len,
         "kv_mb": kv_bytes / 2**20, "bucket": bucket, "us": us,
-        "plans": {key: f"{config_name(c)} S={s}" for key, (s, c) in plans.items()},
+        "plans": {key: f"{config_name(c, s)} S={s}" for key, (s, c) in plans.items()},
     }  # fmt: skip
 
 

@@ -56,7 +56,7 @@ def bench_shape(q_heads, kv_heads, head_dim, batch, ctx, device) -> dict:
     fixed = min(counts, key=lambda s: best[s])
     return {
         "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch, "ctx": ctx,
-        "kv_mb": kv_bytes / 2**20, "config": config_name(config), "splits": count, "plan_us": best[count],
+        "kv_mb": kv_bytes / 2**20, "config": config_name(config, count), "splits": count, "plan_us": best[count],
         "one_tile_splits": one_tile, "one_tile_us": best[one_tile], "best_fixed_splits": fixed,
         "best_fixed_us": best[fixed], "sdpa_us": best["sdpa"], "sweep_us": {str(s): best[s] for s in counts},
     }  # fmt: skip

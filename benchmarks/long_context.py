@@ -157,7 +157,10 @@ def decode_attention_vs_floor(ctx: int, q_heads: int, kv_heads: int, head_dim: i
     seq_lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
     q = torch.randn(1, q_heads, head_dim, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
-    us = graph_time_us([lambda: paged_decode_attention(q, k_cache, v_cache, table, seq_lens, head_dim**-0.5, out=out)])
+    memo = {}  # the layer's cache memo (descriptors, tile-stealing counters)
+    us = graph_time_us(
+        [lambda: paged_decode_attention(q, k_cache, v_cache, table, seq_lens, head_dim**-0.5, out=out, cache_memo=memo)]
+    )
     kv_bytes = 2 * ctx * kv_heads * head_dim * dtype.itemsize
     copy_gbs = copy_bandwidth_gbs()
     floor_us = kv_bytes / (copy_gbs * 1e3)

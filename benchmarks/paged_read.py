@@ -112,8 +112,10 @@ def bench_context(ctx, device, pdl: bool) -> dict:
     scale = HEAD_DIM**-0.5
 
     def decode_call(q, k, v, t, n):
-        out = torch.empty_like(q)
-        return lambda: decode.paged_decode_attention(q, k, v, t, n, scale, None, splits, out, config=config)
+        out, memo = torch.empty_like(q), {}
+        return lambda: decode.paged_decode_attention(
+            q, k, v, t, n, scale, None, splits, out, config=config, cache_memo=memo
+        )
 
     calls = {
         "sdpa": sdpa_calls(q, HEADS, ctx, 1),
@@ -126,7 +128,7 @@ def bench_context(ctx, device, pdl: bool) -> dict:
     del calls, k_cache, v_cache, ck, cv
     torch.cuda.empty_cache()
     us["read floor"] = read_floor_us(kv_bytes // 2, 1, pdl)
-    return {"ctx": ctx, "kv_gb": kv_bytes / 1e9, "plan": f"{config_name(config)} S={splits}", "us": us}
+    return {"ctx": ctx, "kv_gb": kv_bytes / 1e9, "plan": f"{config_name(config, splits)} S={splits}", "us": us}
 
 
 def markdown(res: dict) -> str:
