@@ -49,7 +49,7 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window or None
         self.softcap = softcap
         self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._cache_memo: dict = {}  # what the kernels keep per cache (their TMA descriptors), emptied with it
+        self._cache_memo: dict = {}  # what kernels keep per cache (TMA descriptors, stealing counters), emptied with it
 
     @property
     def kv_cache(self) -> tuple[torch.Tensor, torch.Tensor] | None:
