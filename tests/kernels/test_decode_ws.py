@@ -382,7 +382,8 @@ def test_tile_stealing_matches_reference(grid, page, q_heads, kv_heads, dtype, u
 @needs_sm90
 def test_tile_stealing_leaves_its_counters_at_zero_call_after_call_and_in_graph_replays():
     """With a kept counter buffer (the layer's cache memo): each call's last loader of a pair sets the pair back,
-    so the next call, and each replay of a CUDA graph of the call with other lengths, divides the work anew."""
+    so the next call, and each replay of a CUDA graph of the call with other lengths (a padding row of none among
+    them: zeros), divides the work anew."""
     lens = [5000, 1, 300, 9000, 64, 4096]
     k_cache, v_cache, tables = make_paged([9001] * len(lens), 16, 8, 128, torch.float16)  # pages for any length
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
@@ -408,7 +409,7 @@ def test_tile_stealing_leaves_its_counters_at_zero_call_after_call_and_in_graph_
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call(out)
-    for new in ([9000, 2, 4097, 1, 5000, 128], [17, 8000, 64, 65, 3000, 9001]):
+    for new in ([9000, 2, 4097, 1, 5000, 128], [17, 8000, 0, 65, 3000, 9001]):  # 0: a graph's padding row
         seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
