@@ -321,6 +321,10 @@ TABLES: dict[str, ArchTable] = {
         # at 512, 1.016-1.024x at 1k (32/8 B=128 L=512 1.031x, B=64 L=1k 1.024x); one wave of longer CTAs
         # 0.994-1.009x at 4096 keys per CTA, 0.987-1.003x at 8192; packed grids short of a wave 0.94-0.99x at L >= 512.
         # Its split grids steal tiles in units of 4 (steal_tiles; the plan keeps it where splits.STEAL_MIN_KEYS says).
+        # Three CTAs per SM (80 registers, which the consumer takes without spilling; 69 KB of shared memory each)
+        # did not help: on the H200 (2026-12-02, probe, the plan's split counts, medians of 7 interleaved, 13 grids of
+        # 1-31 waves, MHA and GQA, B=1-256) they took 0.999-1.036x the time of two on the engine's pages (32/32
+        # B=128 L=2k 922.9 against 921.2 us, 32/8 B=8 L=4k 35.5 against 34.3), 0.999-1.032x on shuffled ones.
         decode_ws_waves={128: WD(64, 2, 2, early_k_release=True, pack_max_keys=2048, steal_tiles=4),
                          256: WD(64, 2, 1)},
         # at head_dim 128 the one-wave grids of decode_ws whose splits read at most splits.SHORT_SPLIT_KEYS keys run a
