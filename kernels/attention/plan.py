@@ -148,11 +148,12 @@ def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | Ws
 
 
 def decode_splits(
-    q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig, max_splits: int | None = None
-) -> int:
-    """The wave model's split count for a decode call on `config` (splits.choose_num_splits), at most `max_splits`:
-    by default, on the Gluon kernel, as many as still read DEEP_MIN_TOKENS keys each (splits.py says why); the
-    wave model itself stops at splits of one tile."""
+    q, k_cache, block_tables, device, config: DecodeConfig | WsDecodeConfig, max_splits: int | None = None,
+    unsplit_rule: bool = True,
+) -> int:  # fmt: skip
+    """The wave model's split count for a decode call on `config` (splits.choose_num_splits, with its unsplit rule
+    unless told not to), at most `max_splits`: by default, on the Gluon kernel, as many as still read
+    DEEP_MIN_TOKENS keys each (splits.py says why); the wave model itself stops at splits of one tile."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     max_context = block_tables.shape[1] * k_cache.shape[1]
@@ -162,6 +163,7 @@ def decode_splits(
     return split_model.choose_num_splits(
         batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
         _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs, max_splits,
+        unsplit_rule,
     )  # fmt: skip
 
 

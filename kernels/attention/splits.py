@@ -47,7 +47,10 @@ DEEP_MIN_TOKENS keys. Measured on the H200 for the deep config
 shallow config's best split where it applies (B=32 L=2k, 8 KV heads: 65.1 vs
 69.7 us; B=1 L=4k: 12.5 vs 12.8), while grids of several waves and splits of
 one chunk keep the shallow config (64-key splits: 15.0 us deep vs 13.2). Grids
-of several waves take the wave model's count for their config (plan.decode_plan).
+of several waves take the wave model's count for their config (plan.decode_plan),
+except that grids of at least UNSPLIT_WAVES waves of sequences of at most
+UNSPLIT_MAX_KEYS keys run unsplit (the model's lockstep waves overcharge their last
+partial wave; the measurements are beside the constants).
 """
 
 from __future__ import annotations
@@ -97,6 +100,19 @@ PACK_MIN_WAVE = 0.9
 # S=32 1.4%, MHA L=4k 8%); benchmarks/results/decode_stealing_NVIDIA_H200.md (2026-12-02) has a run of both sides.
 # The engine plans with its context bucket's upper end, at most twice the length it runs.
 STEAL_MIN_KEYS = 8192
+# Full waves of (sequence, KV head) units from which a grid whose sequences read at most UNSPLIT_MAX_KEYS keys runs
+# unsplit, whatever the model says of its last partial wave. The model has waves run in lockstep, so a grid of 16.5
+# waves pays a 17th for its half wave and splitting in two looks cheaper; the GPU starts each CTA as an earlier one
+# ends, and on the H200 (2026-12-02, probe runs, fp16, head_dim 128, the two-CTA Gluon config, engine's pages,
+# medians of 5 interleaved, 19 grids of 1.9-31 waves at L=1k-8k) the unsplit grid was the fastest of 1-4 splits and
+# the model's count on all but one (32/32 B=72 L=4k, 8.7 waves: 2 splits 0.6% faster); where the model split 2-8 ways
+# its count took 1.1-5.2% more time (32/8 B=200 L=4k 762.6 against 724.9 us, B=100 L=8k 755.6 against 721.4, 32/32
+# B=256 L=2k 1859.0 against 1836.4). Longer CTAs end further apart (their streaming rates differ: decode_ws.py's
+# tile stealing), so splitting can pay there: at L=32k, 3-4 waves, the model's 9-16 splits took 0.986x (32/8 B=128)
+# and 1.016x (B=100) the unsplit time. Under 1.9 waves the model's splits stay ahead at any length (32/32 B=9 L=4k,
+# 1.1 waves: 8 splits 137.7 against 159.4 us unsplit; 32/8 B=48 L=32k, 1.45 waves: 11 splits 1437 against 1552).
+UNSPLIT_WAVES = 2
+UNSPLIT_MAX_KEYS = 8192
 
 
 def modelled_time_us(
@@ -124,16 +140,26 @@ def modelled_time_us(
 def choose_num_splits(
     batch: int, kv_heads: int, group: int, max_context: int, head_dim: int, elem_size: int,
     sm_count: int, ctas_per_sm: int, block_n: int, bandwidth_gbs: float, max_splits: int = MAX_SPLITS,
+    unsplit_rule: bool = True,
 ) -> int:  # fmt: skip
-    """Split count for a decode step (at most max_splits and MAX_SPLITS); 1 when the batch alone fills the GPU or
-    the context is short."""
+    """Split count for a decode step (at most max_splits and MAX_SPLITS); 1 when the context is short or (with
+    `unsplit_rule`) the batch alone fills the GPU UNSPLIT_WAVES times over with CTAs of at most UNSPLIT_MAX_KEYS
+    keys."""
     if batch <= 0 or max_context <= block_n:
+        return 1
+    if unsplit_rule and unsplit(batch * kv_heads, max_context, sm_count * ctas_per_sm):
         return 1
     limit = max(1, min(max_splits, MAX_SPLITS, math.ceil(max_context / block_n)))
     args = (batch, kv_heads, group, max_context, head_dim, elem_size, sm_count, ctas_per_sm, block_n, bandwidth_gbs)
     times = [modelled_time_us(s, *args) for s in range(1, limit + 1)]
     best = min(times)
     return next(s for s, t in enumerate(times, start=1) if t <= best * TIE)
+
+
+def unsplit(units: int, max_context: int, slots: int) -> bool:
+    """Whether a grid of `units` (sequence, KV head) pairs of at most `max_context` keys runs unsplit by the
+    UNSPLIT_WAVES rule, `slots` CTAs making a wave."""
+    return units >= UNSPLIT_WAVES * slots and max_context <= UNSPLIT_MAX_KEYS
 
 
 def deep_splits(units: int, max_context: int, sm_count: int, ctas_per_sm: int, max_splits: int = MAX_SPLITS):

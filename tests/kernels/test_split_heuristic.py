@@ -74,6 +74,22 @@ def test_wave_model_charges_a_partial_last_wave():
     assert two > one + splits.T0_US
 
 
+def test_grids_of_two_waves_of_short_sequences_run_unsplit():
+    """splits.UNSPLIT_WAVES: the model's own count would split these (its lockstep waves charge the last partial
+    one in full); the rule keeps them unsplit, only up to UNSPLIT_MAX_KEYS keys and from two full waves on."""
+    sm90 = sim_device((9, 0), sm_count=132)
+    for batch, ctx, kv_heads in ((200, 4096, 8), (100, 8192, 8), (544, 2048, 8), (256, 2048, 32)):
+        q, k_cache, tables = plan_inputs(batch, ctx, kv_heads=kv_heads)
+        config = decode_plan(q, k_cache, tables, sm90)[1]
+        assert config == WAVES and decode_plan(q, k_cache, tables, sm90)[0] == 1, (batch, ctx)
+        assert decode_splits(q, k_cache, tables, sm90, config, unsplit_rule=False) > 1, (batch, ctx)
+    assert decode_plan(*plan_inputs(128, 32768), sm90)[0] > 1  # longer CTAs: the model's count
+    assert decode_plan(*plan_inputs(48, 32768), sm90)[0] > 1  # 1.45 waves
+    # the rule on its own: from UNSPLIT_WAVES waves of slots, up to UNSPLIT_MAX_KEYS keys
+    assert splits.unsplit(528, 8192, 264) and not splits.unsplit(527, 8192, 264)
+    assert not splits.unsplit(528, 8193, 264)
+
+
 def test_fewer_sms_need_fewer_splits():
     assert choose(1, 8, 32768, sm_count=40) < choose(1, 8, 32768, sm_count=132)
 
