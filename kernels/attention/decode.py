@@ -34,8 +34,6 @@ start beside it (`carveout.py`). tests/kernels/sm90_ptx.py checks the compiled o
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
@@ -219,14 +217,9 @@ def paged_decode_attention(
         part_strides = part.stride()[:3]
     pdl = dependent_launch(device)
     if isinstance(config, WsDecodeConfig):
-        counters = None
-        if decode_ws.steals(config, num_splits):
-            counters = decode_ws.steal_counters(q.device, batch * kv_heads, cache_memo)
-            if counters is None:  # none to be had here (decode_ws.steal_counters says when): fixed splits
-                config = replace(config, steal_tiles=0)
         decode_ws.launch(
             q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, part, lse, config,
-            pdl, cache_memo, counters,
+            pdl, cache_memo,
         )  # fmt: skip
     else:
         launch_compiled(_decode_kernel, (kv_heads, batch, num_splits),

@@ -101,6 +101,8 @@ columns, where Gemma 3's groups of 2-4 are).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 
@@ -624,11 +626,11 @@ def constexprs(q_heads: int, kv_heads: int, head_dim: int, page: int, config, nu
 
 def launch(
     q, k_cache, v_cache, block_tables, seq_lens, scale, window, num_splits, out, part, lse, config, pdl=False,
-    cache_memo=None, counters=None,
+    cache_memo=None,
 ):  # fmt: skip
     """Run the kernel (`supports` must hold): the output directly with one split, else the partials and their
-    log-sum-exps for `decode._reduce_kernel`. `cache_memo`: `descriptors`. Where the call steals tiles (`steals`),
-    `counters`: `steal_counters`' buffer for its batch (without, fresh zeros)."""
+    log-sum-exps for `decode._reduce_kernel`. `cache_memo`: `descriptors`, and where the call steals tiles
+    (`steals`) `steal_counters` (with none to be had there, the call runs fixed splits)."""
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     pack = config.pack_heads
@@ -639,13 +641,11 @@ def launch(
         )
     q_desc, kc_desc, vc_desc = descriptors(q, k_cache, v_cache, config.block_n, pack, cache_memo)
     part_strides = (0, 0, 0) if num_splits == 1 else part.stride()[:3]
+    counters = seq_lens  # not read without stealing
     if steals(config, num_splits):
-        if counters is None:
-            counters = torch.zeros(2 * batch * kv_heads, dtype=torch.int32, device=q.device)
-        if counters.dtype != torch.int32 or counters.numel() < 2 * batch * kv_heads:
-            raise ValueError(f"tile stealing needs 2 int32 counters per (sequence, KV head): {2 * batch * kv_heads}")
-    else:
-        counters = seq_lens  # not read
+        counters = steal_counters(q.device, batch * kv_heads, cache_memo)
+        if counters is None:  # none to be had here (steal_counters says when): fixed splits
+            config, counters = replace(config, steal_tiles=0), seq_lens
     launch_compiled(_ws_decode_kernel, (kv_heads // pack, batch, num_splits),
         q_desc, kc_desc, vc_desc, block_tables, seq_lens, out, part, lse, counters, float(scale) * LOG2E,
         int(window) if window and window > 0 else NO_WINDOW, num_splits, block_tables.stride(0), out.stride(0),
