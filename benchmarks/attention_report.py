@@ -4,19 +4,20 @@ judged against, and the Markdown tables (benchmarks/attention.py writes them).""
 from __future__ import annotations
 
 from benchmarks.report import versions_line
+from kernels.attention import decode_ws
 from kernels.attention.configs import DecodeConfig, WsDecodeConfig
 from kernels.attention.splits import LONG_TWO_CTA_COUNTS, SHORT_SPLIT_KEYS
 
 
-def config_name(c: DecodeConfig | WsDecodeConfig, splits: int | None = None) -> str:
+def config_name(c: DecodeConfig | WsDecodeConfig, splits: int = 1) -> str:
     """blk/warps/stages of the Triton kernel; gluon blk/stages of the warp-specialized one (with `rN` where it runs at
     N registers per thread, not 128, `half N` where it halves the splits of sequences that half of them read in
-    N keys each, `steal N` where its splits take units of N tiles from a counter (on split grids: a `splits` of 1
-    shows none), and `pack N` where a CTA reads N KV heads)."""
+    N keys each, `steal N` where its `splits` take units of N tiles from a counter, and `pack N` where a CTA reads N
+    KV heads)."""
     if isinstance(c, WsDecodeConfig):
         registers = f" r{c.registers}" if c.registers != 128 else ""
         half = f" half {c.half_splits_keys}" if c.half_splits_keys else ""
-        steal = f" steal {c.steal_tiles}" if c.steal_tiles and splits != 1 and c.pack_heads == 1 else ""
+        steal = f" steal {c.steal_tiles}" if decode_ws.steals(c, splits) else ""
         return f"gluon {c.block_n}/{c.num_stages}{registers}{half}{steal}" + (
             f" pack {c.pack_heads}" if c.pack_heads > 1 else ""
         )

@@ -49,6 +49,8 @@ def test_markdown_names_the_heuristic_config_and_the_best_fixed_choice():
     assert config_name(WsDecodeConfig(64, 2, 2, True, 2048)) == "gluon 64/2 half 2048"
     assert config_name(WsDecodeConfig(64, 2, 1, True, registers=168)) == "gluon 64/2 r168"
     assert config_name(WsDecodeConfig(64, 2, 2, True, pack_heads=4, pack_max_keys=2048)) == "gluon 64/2 pack 4"
+    assert config_name(WsDecodeConfig(64, 2, 2, True, steal_tiles=4), 8) == "gluon 64/2 steal 4"
+    assert config_name(WsDecodeConfig(64, 2, 2, True, steal_tiles=4), 1) == "gluon 64/2"  # unsplit: no stealing
     long = markdown({**res, "decode_ws_long_config": "WL"})
     assert "(where its splits read at most 2048 keys: WS) (where it would split 16 ways into longer splits: WL" in long
     assert "into longer splits" not in text  # a result written before the long-split config names none
