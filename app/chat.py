@@ -11,10 +11,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from app.errors import AppError, is_user_error
-from app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
-from app.media import load_image
-from app.settings import MediaLimits
+from vlchat.app.errors import AppError, is_user_error
+from vlchat.app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
+from vlchat.app.media import load_image
+from vlchat.app.settings import MediaLimits
 
 HELP = "Commands: /image PATH (attach to the next message), /reset (forget the conversation), /exit."
 
@@ -136,7 +136,7 @@ async def run_chat(chat: TerminalChat, model_label: str, stdin: TextIO = sys.std
 
 
 def chat_main(model: str | None, engine_options: dict, sampling: dict, system_prompt: str | None) -> int:
-    from app.model_choice import resolve_model, start_engine
+    from vlchat.app.model_choice import resolve_model, start_engine
 
     choice = resolve_model(model)
 

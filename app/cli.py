@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app import __version__
-from app.errors import AppError, is_user_error
-from app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
+from vlchat.app import __version__
+from vlchat.app.errors import AppError, is_user_error
+from vlchat.app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling")  # fmt: skip
@@ -92,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if args.command == "serve":
-            from app.server import serve
+            from vlchat.app.server import serve
 
             return serve(server_config(args))
-        from app.chat import chat_main
-        from app.generation import sampling_params
+        from vlchat.app.chat import chat_main
+        from vlchat.app.generation import sampling_params
 
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p}
         sampling["seed"] = args.seed

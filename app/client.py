@@ -1,6 +1,6 @@
 """A small Python client for a vlchat server (or any OpenAI-compatible chat API), sync and async.
 
-from app.client import Client
+from vlchat.app.client import Client
 client = Client("http://127.0.0.1:7860")
 print(client.chat("What is in this picture?", images=["cat.png"]))
 for delta in client.chat("Tell me a story", stream=True, max_tokens=64):

@@ -53,7 +53,7 @@ class PayloadTooLargeError(AppError):
 
 def is_user_error(exc: BaseException) -> bool:
     """True for errors whose message is meant for the user (shown as-is, never with a traceback)."""
-    from llm.errors import VLChatError  # imported here so that `vlchat --help` does not load the engine
+    from vlchat.llm.errors import VLChatError  # imported here so that `vlchat --help` does not load the engine
 
     return isinstance(exc, (AppError, VLChatError))
 
@@ -67,7 +67,7 @@ def user_error_status(exc: BaseException) -> int:
 def user_error_code(exc: BaseException) -> str | None:
     if isinstance(exc, AppError):
         return exc.code
-    from llm.errors import PromptTooLongError
+    from vlchat.llm.errors import PromptTooLongError
 
     if isinstance(exc, PromptTooLongError):
         return "context_length_exceeded"

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from PIL import Image
 
-from llm import SamplingParams
-from llm.errors import PromptTooLongError
+from vlchat.llm import SamplingParams
+from vlchat.llm.errors import PromptTooLongError
 
 log = logging.getLogger("vlchat.generation")
 

@@ -18,8 +18,8 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 from PIL import Image, ImageFile
 
-from app.errors import ForbiddenMediaError, MediaError
-from app.settings import MediaLimits
+from vlchat.app.errors import ForbiddenMediaError, MediaError
+from vlchat.app.settings import MediaLimits
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF")
 ImageSource = str | bytes | os.PathLike | Image.Image

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.errors import ConfigError
+from vlchat.app.errors import ConfigError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEMO_MODEL = ASSETS / "demo-model"
@@ -54,7 +54,7 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelCho
 
 def start_engine(model: ModelChoice, engine_options: dict):
     """Build the AsyncEngine for `model`; engine options go to the engine config as given."""
-    from llm import AsyncEngine, EngineConfig
+    from vlchat.llm import AsyncEngine, EngineConfig
 
     options = {k: v for k, v in engine_options.items() if v is not None}
     options.setdefault("served_model_name", model.name)

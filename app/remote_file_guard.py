@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from app.api.errors import user_error_response
-from app.errors import ForbiddenMediaError
+from vlchat.app.api.errors import user_error_response
+from vlchat.app.errors import ForbiddenMediaError
 
 FILE_TYPE = "gradio.FileData"
 MESSAGE = (

@@ -10,12 +10,12 @@ import threading
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from app import __version__
-from app.api.errors import body_too_large, install_error_handlers
-from app.api.routes import build_router
-from app.model_choice import ModelChoice
-from app.remote_file_guard import RemoteFileGuard
-from app.settings import ServerConfig, quiet_gradio_defaults
+from vlchat.app import __version__
+from vlchat.app.api.errors import body_too_large, install_error_handlers
+from vlchat.app.api.routes import build_router
+from vlchat.app.model_choice import ModelChoice
+from vlchat.app.remote_file_guard import RemoteFileGuard
+from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
 
 log = logging.getLogger("vlchat.server")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -77,7 +77,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         quiet_gradio_defaults()
         import gradio as gr
 
-        from app.ui import build_ui
+        from vlchat.app.ui import build_ui
 
         blocks = build_ui(engine, model, config)
         app = gr.mount_gradio_app(
@@ -135,7 +135,7 @@ def serve(config: ServerConfig) -> int:
     """Load the model, start the engine and serve until interrupted."""
     import uvicorn
 
-    from app.model_choice import resolve_model, start_engine
+    from vlchat.app.model_choice import resolve_model, start_engine
 
     quiet_gradio_defaults()
     warn_if_unprotected(config)

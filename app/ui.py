@@ -15,11 +15,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.errors import AppError, is_user_error
-from app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
-from app.media import load_image
-from app.model_choice import ModelChoice
-from app.settings import MediaLimits, ServerConfig
+from vlchat.app.errors import AppError, is_user_error
+from vlchat.app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
+from vlchat.app.media import load_image
+from vlchat.app.model_choice import ModelChoice
+from vlchat.app.settings import MediaLimits, ServerConfig
 
 log = logging.getLogger("vlchat.ui")
 

@@ -34,10 +34,10 @@ from benchmarks.attention_report import config_name, markdown, targets
 from benchmarks.engine_pages import PAGE, engine_pages
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us, interleaved_us
 from benchmarks.report import device_header, result_stem, save_results
-from kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
-from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
-from kernels.device import get_device_info
+from vlchat.kernels.attention import decode, decode_ws, kv_write, pdl, plan, prefill
+from vlchat.kernels.attention import splits as split_model
+from vlchat.kernels.attention.configs import DecodeConfig, PrefillConfig, table_for
+from vlchat.kernels.device import get_device_info
 
 DECODE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (32, 2048), (64, 1024), (128, 512), (128, 2048)]
 PREFILL_SHAPES = [(1, 4096), (4, 4096), (1, 16384), (4, 16384), (1, 65536), (4, 65536)]

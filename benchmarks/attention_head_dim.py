@@ -28,9 +28,9 @@ from benchmarks.attention import decode_calls, decode_inputs, prefill_inputs, sd
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import plan, prefill
-from kernels.attention.configs import table_for
-from kernels.device import get_device_info
+from vlchat.kernels.attention import plan, prefill
+from vlchat.kernels.attention.configs import table_for
+from vlchat.kernels.device import get_device_info
 
 HEADS = ((4, 1), (8, 4), (16, 8))  # Gemma 3 270M/1B, 4B, 12B
 SHAPES = ((1, 4096), (1, 32768), (8, 4096), (32, 2048), (64, 2048))  # decode (batch, context)

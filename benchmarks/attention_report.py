@@ -4,9 +4,9 @@ judged against, and the Markdown tables (benchmarks/attention.py writes them).""
 from __future__ import annotations
 
 from benchmarks.report import versions_line
-from kernels.attention import decode_ws
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig
-from kernels.attention.splits import LONG_TWO_CTA_COUNTS, SHORT_SPLIT_KEYS
+from vlchat.kernels.attention import decode_ws
+from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig
+from vlchat.kernels.attention.splits import LONG_TWO_CTA_COUNTS, SHORT_SPLIT_KEYS
 
 
 def config_name(c: DecodeConfig | WsDecodeConfig, splits: int = 1) -> str:

@@ -40,9 +40,9 @@ from benchmarks.attention_report import config_name
 from benchmarks.engine_pages import engine_pages
 from benchmarks.gpu_timing import interleaved_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import plan
-from kernels.attention.pdl import dependent_launch
-from kernels.device import get_device_info
+from vlchat.kernels.attention import plan
+from vlchat.kernels.attention.pdl import dependent_launch
+from vlchat.kernels.device import get_device_info
 
 SHAPES = [(32, 32, 1, 131072), (32, 32, 128, 2048), (32, 32, 128, 512), (32, 8, 128, 2048), (32, 8, 1, 131072)]
 # name: (page, order): "shuffled", "in order", or the block manager's "free lists" (runs of one block) / "runs"

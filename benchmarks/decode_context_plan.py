@@ -20,8 +20,8 @@ from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gl
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import plan
-from llm.engine.cuda_graphs import context_bucket, context_buckets
+from vlchat.kernels.attention import plan
+from vlchat.llm.engine.cuda_graphs import context_bucket, context_buckets
 
 SHAPES = [  # (q_heads, kv_heads, batch, context, max_model_len)
     (32, 8, 1, 1024, 32768), (32, 8, 4, 2048, 32768), (32, 8, 16, 1024, 32768), (32, 8, 64, 512, 32768),

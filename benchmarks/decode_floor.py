@@ -29,9 +29,9 @@ import triton.language as tl
 from benchmarks.attention import HEAD_DIM, PAGE, decode_calls, decode_inputs, gluon_decode_device, sdpa_calls
 from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import decode, decode_ws, plan, splits
-from kernels.attention.configs import table_for
-from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
+from vlchat.kernels.attention import decode, decode_ws, plan, splits
+from vlchat.kernels.attention.configs import table_for
+from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 
 Q_HEADS, KV_HEADS = 32, 8  # on the attention benchmark's decode inputs (HEAD_DIM, pages of PAGE)
 LENGTHS = (1024, 4096, 16384)

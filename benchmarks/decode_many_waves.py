@@ -26,7 +26,7 @@ from benchmarks.attention_report import config_name
 from benchmarks.engine_pages import engine_pages
 from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import plan
+from vlchat.kernels.attention import plan
 
 SHAPES = [  # (q_heads, kv_heads, batch, context)
     (32, 32, 256, 2048), (32, 32, 136, 2048), (32, 8, 544, 2048), (32, 8, 200, 4096), (32, 8, 320, 4096),

@@ -24,8 +24,8 @@ import torch
 from benchmarks.attention import PAGE, decode_calls, decode_inputs, gluon_decode_device
 from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import decode_ws, plan
-from kernels.attention.configs import table_for
+from vlchat.kernels.attention import decode_ws, plan
+from vlchat.kernels.attention.configs import table_for
 
 HEADS = [(32, 8), (64, 8), (16, 8), (28, 4), (32, 32)]  # (q_heads, kv_heads)
 BATCHES = [32, 64, 96, 128, 256]

@@ -25,7 +25,7 @@ from benchmarks.attention import PAGE, SWEEP, decode_calls, decode_inputs, gluon
 from benchmarks.attention_report import config_name
 from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import plan, splits
+from vlchat.kernels.attention import plan, splits
 
 SHAPES = [  # (q_heads, kv_heads, head_dim, batch, context)
     (32, 8, 128, 1, 512), (32, 8, 128, 1, 1024), (32, 8, 128, 1, 1536), (32, 8, 128, 2, 512),

@@ -21,8 +21,8 @@ from benchmarks.attention import HEAD_DIM, decode_calls, decode_inputs, gluon_de
 from benchmarks.engine_pages import engine_pages
 from benchmarks.gpu_timing import interleaved_medians, interleaved_timings
 from benchmarks.report import add_row, device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import plan
-from kernels.attention.configs import TABLES
+from vlchat.kernels.attention import plan
+from vlchat.kernels.attention.configs import TABLES
 
 SHAPES = [  # (q_heads, kv_heads, batch, context)
     (32, 32, 1, 16384), (32, 32, 1, 32768), (32, 32, 1, 65536), (32, 32, 1, 131072), (32, 32, 1, 262144),

@@ -34,11 +34,11 @@ import torch
 from benchmarks.random_model import build
 from benchmarks.report import save_results
 from benchmarks.runtime import sync, tiny_or_gpu_args
-from kernels import dispatch
-from llm import LLM, SamplingParams
-from llm.config import SchedulerConfig
-from llm.engine.block_manager import BlockManager
-from llm.engine.scheduler import Scheduler
+from vlchat.kernels import dispatch
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.config import SchedulerConfig
+from vlchat.llm.engine.block_manager import BlockManager
+from vlchat.llm.engine.scheduler import Scheduler
 
 HBM_BYTES_PER_S = 4.8e12  # H200
 PROMPT_LENS = [5, 17, 33, 48, 64, 97, 130, 200]

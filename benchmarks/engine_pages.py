@@ -13,10 +13,10 @@ import random
 
 import torch
 
-from llm.engine.block_manager import BlockManager, run_blocks_for
-from llm.engine.sequence import Sequence
-from llm.inputs import MultiModalPrompt
-from llm.sampling_params import SamplingParams
+from vlchat.llm.engine.block_manager import BlockManager, run_blocks_for
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.sampling_params import SamplingParams
 
 PAGE = 16
 POOL_SLACK = 1.25  # the block manager's pool against the blocks the measured sequences hold

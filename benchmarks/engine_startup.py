@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
 from benchmarks.report import result_stem, results_parser, save_results, versions
-from llm.engine import model_runner
+from vlchat.llm.engine import model_runner
 
 SHAPE = "llama3-8b"
 MAX_NUM_SEQS = 256
@@ -34,7 +34,7 @@ MODES = ("per context", "one plan", "eager")
 
 def start(model_dir: str, max_model_len: int, mode: str) -> dict:
     """One engine start: seconds to ready, seconds capturing graphs, graph count; the engine closed after."""
-    from llm import LLM
+    from vlchat.llm import LLM
 
     buckets = model_runner.context_buckets
     if mode == "one plan":

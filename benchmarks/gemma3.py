@@ -34,7 +34,7 @@ from benchmarks.engine import (
 from benchmarks.random_model import word_level_tokenizer
 from benchmarks.report import result_stem, save_results
 from benchmarks.runtime import tiny_or_gpu_args
-from llm import LLM, SamplingParams
+from vlchat.llm import LLM, SamplingParams
 
 GEMMA3_270M = dict(
     vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,

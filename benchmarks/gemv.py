@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention.pdl import dependent_launch
-from kernels.device import get_device_info
-from kernels.ops.linear import GemvConfig, gemv, gemv_config
-from kernels.ops.rms_norm import rms_norm_triton
+from vlchat.kernels.attention.pdl import dependent_launch
+from vlchat.kernels.device import get_device_info
+from vlchat.kernels.ops.linear import GemvConfig, gemv, gemv_config
+from vlchat.kernels.ops.rms_norm import rms_norm_triton
 
 SHAPES = {  # name: (N, K) of W
     "1B q/k/v": (3072, 2048), "1B o": (2048, 2048), "1B gate/up": (16384, 2048), "1B down": (2048, 8192),

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.pdl import launch_next_then_wait, pdl_options
+from vlchat.kernels.attention.pdl import launch_next_then_wait, pdl_options
 
 # (elements per CTA, warps) of the read floor: each CTA's loads issued at once
 READ_TILES = ((65536, 16), (32768, 8), (16384, 4), (8192, 4))

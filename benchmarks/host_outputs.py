@@ -19,11 +19,11 @@ import threading
 import time
 
 from benchmarks.report import cpu_name, render_results, result_stem, results_parser, save_results, versions
-from llm.config import EngineConfig
-from llm.engine import request
-from llm.engine.async_engine import deliver
-from llm.engine.engine import LLMEngine
-from llm.sampling_params import SamplingParams
+from vlchat.llm.config import EngineConfig
+from vlchat.llm.engine import request
+from vlchat.llm.engine.async_engine import deliver
+from vlchat.llm.engine.engine import LLMEngine
+from vlchat.llm.sampling_params import SamplingParams
 
 # Reporting modes: (requests streamed, tokens an unstreamed completion queues before detokenizing them). One token
 # is the peer: what every request cost before unstreamed ones were deferred (llm/engine/request.DEFERRED_TOKENS).

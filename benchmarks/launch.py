@@ -19,8 +19,8 @@ import time
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 from benchmarks.runtime import sync
 from benchmarks.step_profile import host_cases, host_us
-from kernels import settings
-from kernels.device import get_device_info
+from vlchat.kernels import settings
+from vlchat.kernels.device import get_device_info
 
 # the kernel calls of one decoder layer in an eager step with decode rows and a prefill (llm/layers)
 LAYER_CALLS = {"rms_norm + residual": 2, "rotary q,k": 1, "write_kv_cache": 1, "decode (1 split)": 1, "prefill": 1,
@@ -49,7 +49,7 @@ def engine_steps(rounds: int, batch: int = 128) -> dict:
     from pathlib import Path
 
     from benchmarks import random_model, workloads
-    from llm import LLM, SamplingParams
+    from vlchat.llm import LLM, SamplingParams
 
     fields = dict(random_model.SHAPES["llama2-7b"])
     model_dir = Path(random_model.write_config_dir("/tmp/vlchat-launch-model", fields, dtype="float16"))

@@ -30,7 +30,7 @@ import torch
 from benchmarks.random_model import SHAPES, random_weights, write_config_dir
 from benchmarks.report import render_results, result_stem, save_results, versions
 from benchmarks.runtime import sync
-from kernels.device import get_device_info
+from vlchat.kernels.device import get_device_info
 
 CHUNK_BUDGET = 8192  # prefill tokens per engine step (max_num_batched_tokens)
 DECODE_STEPS = 32
@@ -59,7 +59,7 @@ def _prompt(length: int, vocab: int) -> list[int]:
 
 
 def run_engine(model_dir: str, contexts: list[int], vocab: int, device: str, budget: int) -> dict:
-    from llm import LLM, SamplingParams
+    from vlchat.llm import LLM, SamplingParams
 
     max_len = max(contexts)
     with random_weights():
@@ -147,7 +147,7 @@ def run_transformers(fields: dict, contexts: list[int], device: str) -> dict:
 def decode_attention_vs_floor(ctx: int, q_heads: int, kv_heads: int, head_dim: int = 128) -> dict:
     """The paged decode kernel at batch 1 and `ctx` keys, against K+V bytes over the measured copy bandwidth."""
     from benchmarks.gpu_timing import copy_bandwidth_gbs, graph_time_us
-    from kernels.attention import paged_decode_attention
+    from vlchat.kernels.attention import paged_decode_attention
 
     dtype = torch.bfloat16
     blocks = ctx // BLOCK
@@ -170,10 +170,10 @@ def decode_attention_vs_floor(ctx: int, q_heads: int, kv_heads: int, head_dim: i
 
 def kernel_check(fields: dict, tokens: int = 4096, device: str = "cuda") -> dict:
     """The decoder ops' Triton kernels at this shape against their torch references (max abs error, bf16)."""
-    from kernels import dispatch
-    from kernels.ops.activation import SILU
-    from kernels.ops.rms_norm import OP as RMS_NORM
-    from kernels.ops.rotary import OP as ROTARY
+    from vlchat.kernels import dispatch
+    from vlchat.kernels.ops.activation import SILU
+    from vlchat.kernels.ops.rms_norm import OP as RMS_NORM
+    from vlchat.kernels.ops.rotary import OP as ROTARY
 
     dtype, hidden, heads, kv_heads = torch.bfloat16, fields["hidden_size"], fields["num_attention_heads"], 8
     head_dim = hidden // heads

@@ -30,10 +30,10 @@ from benchmarks.attention_report import config_name
 from benchmarks.decode_bandwidth import line_cells
 from benchmarks.gpu_timing import interleaved_medians, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
-from kernels.attention import decode, decode_ws, plan
-from kernels.attention.configs import WsDecodeConfig
-from kernels.attention.gluon_sm90 import gl, gluon, mbarrier
-from kernels.attention.pdl import dependent_launch, pdl_options
+from vlchat.kernels.attention import decode, decode_ws, plan
+from vlchat.kernels.attention.configs import WsDecodeConfig
+from vlchat.kernels.attention.gluon_sm90 import gl, gluon, mbarrier
+from vlchat.kernels.attention.pdl import dependent_launch, pdl_options
 
 HEADS = 32
 CONTEXTS = [32768, 65536, 131072, 262144]

@@ -105,14 +105,14 @@ def _random_fill(model, model_dir, rules=None, progress=True):
 def random_weights():
     """Inside it, vlchat's loader fills parameters randomly instead of reading a checkpoint (big shapes
     build in seconds instead of writing and reading tens of GB)."""
-    import llm.weights
+    import vlchat.llm.weights as weights
 
-    real = llm.weights.load_weights
-    llm.weights.load_weights = _random_fill
+    real = weights.load_weights
+    weights.load_weights = _random_fill
     try:
         yield
     finally:
-        llm.weights.load_weights = real
+        weights.load_weights = real
 
 
 def hf_random_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: str):

@@ -55,7 +55,7 @@ async def _run_requests(requests, arrivals, concurrency, one_request) -> tuple[l
 
 
 def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict]:
-    from llm import AsyncEngine, SamplingParams
+    from vlchat.llm import AsyncEngine, SamplingParams
 
     random = contextlib.nullcontext() if args.model else random_model.random_weights()
     with random:

@@ -46,9 +46,9 @@ def host_cases(device: str = "cuda", cache_memo: bool = True) -> dict:
     and a loop of calls runs at the host's launch rate: what an eager step pays per op. The decode and prefill
     calls are as the engine makes them: a planned config and split count, and (`cache_memo`) the caches'
     descriptor memo."""
-    import kernels.attention as attn
-    import kernels.ops as ops
-    from kernels.attention import plan
+    import vlchat.kernels.attention as attn
+    import vlchat.kernels.ops as ops
+    from vlchat.kernels.attention import plan
 
     dt = torch.float16 if device == "cuda" else torch.float32
     t, h, kvh, d, page = 8, 32, 32, 128, 16
@@ -130,7 +130,7 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
     scheduling, batch building, launches, sampling, detokenizing), from torch.profiler. Two cases: pure
     decode steps (CUDA graphs) and steps that also prefill a 256-token chunk of a newly arrived request
     (eager), which is what most serving steps look like under continuous arrivals."""
-    from llm import LLM, SamplingParams
+    from vlchat.llm import LLM, SamplingParams
 
     random = contextlib.nullcontext() if args.model else random_model.random_weights()
     with random:

@@ -76,7 +76,7 @@ def clip_pair(shape: dict, device: str):
     """(transformers CLIPVisionModel fp32, our tower bf16) with the same random weights."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
-    from vision.encoders.clip import ClipVisionConfig, ClipVisionTower
+    from vlchat.vision.encoders.clip import ClipVisionConfig, ClipVisionTower
 
     torch.manual_seed(0)
     config = CLIPVisionConfig(**shape, attn_implementation="sdpa")
@@ -91,7 +91,7 @@ def qwen_pair(shape: dict, device: str):
     from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-    from vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
+    from vlchat.vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
 
     torch.manual_seed(0)
     config = Qwen2VLVisionConfig(**shape)
@@ -116,7 +116,7 @@ def compare(batch, iters, hf_call, ours_call, graphs, *graph_inputs, fn) -> dict
 
 @torch.inference_mode()
 def bench_clip(shape, batches, device, iters):
-    from vision.cuda_graphs import GraphCache
+    from vlchat.vision.cuda_graphs import GraphCache
 
     hf32, ours = clip_pair(shape, device)
     rows = []
@@ -151,7 +151,7 @@ def qwen_inputs(images: int, side: int, patch: int, device: str):
 def bench_qwen(shape, batches, side, device, iters):
     import functools
 
-    from vision.cuda_graphs import GraphCache
+    from vlchat.vision.cuda_graphs import GraphCache
 
     hf32, ours = qwen_pair(shape, device)
     pixels, grid = qwen_inputs(2, side, shape["patch_size"], device)
@@ -177,8 +177,8 @@ def end_to_end(family: str, device: str, smoke: bool) -> dict:
     """A mid-size random VLM in bf16: prompt logits and 8 greedy tokens vs transformers bf16 (and fp32)."""
     from transformers import AutoProcessor
 
-    from llm import LLM, SamplingParams
     from tests.vision import references, tiny_vlm
+    from vlchat.llm import LLM, SamplingParams
 
     tmp = Path(tempfile.mkdtemp(prefix=f"vlchat-{family}-"))
     builder = {"llava": tiny_vlm.make_tiny_llava, "qwen2-vl": tiny_vlm.make_tiny_qwen_vl}[family]

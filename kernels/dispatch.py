@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import settings
-from kernels.device import DeviceInfo, TritonMode, get_device_info
+from vlchat.kernels import settings
+from vlchat.kernels.device import DeviceInfo, TritonMode, get_device_info
 
 
 class KernelUnavailableError(RuntimeError):

@@ -27,8 +27,8 @@ import inspect
 
 import torch
 
-from kernels import settings
-from kernels.device import triton_version
+from vlchat.kernels import settings
+from vlchat.kernels.device import triton_version
 
 # Triton versions whose launch path was read for this module (JITFunction.run's launch and
 # CompiledKernel.__getitem__, the same call in both) and whose kernels ran through it: 3.6 on the H200. 3.8's

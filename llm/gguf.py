@@ -29,8 +29,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-from llm.errors import ModelLoadError
-from llm.gguf_reader import GGUFFile
+from vlchat.llm.errors import ModelLoadError
+from vlchat.llm.gguf_reader import GGUFFile
 
 # GGUF architecture (after transformers' renames) -> (HF model_type, HF architectures string)
 SUPPORTED_ARCHITECTURES = {
@@ -113,7 +113,7 @@ class GGUFCheckpoint:
         else:  # skips AutoTokenizer's second, slow pass over the file for the config
             tokenizer = tokenizer_class.from_pretrained(directory, gguf_file=name)
         if not tokenizer.chat_template and self.file.architecture in _STOCK_CHAT_TEMPLATES:
-            template = files("llm").joinpath("chat_templates", _STOCK_CHAT_TEMPLATES[self.file.architecture])
+            template = files("vlchat.llm").joinpath("chat_templates", _STOCK_CHAT_TEMPLATES[self.file.architecture])
             tokenizer.chat_template = template.read_text(encoding="utf-8")
         return tokenizer
 

@@ -18,7 +18,7 @@ from math import prod
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from llm.errors import ModelLoadError
+from vlchat.llm.errors import ModelLoadError
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)

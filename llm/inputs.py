@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from llm.errors import InvalidRequestError
-from llm.tokenizer import apply_chat_template
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.tokenizer import apply_chat_template
 
 
 @dataclass(slots=True)

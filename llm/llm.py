@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from llm.config import EngineConfig
-from llm.engine.engine import LLMEngine
-from llm.errors import InvalidRequestError
-from llm.outputs import RequestOutput
-from llm.sampling_params import SamplingParams
+from vlchat.llm.config import EngineConfig
+from vlchat.llm.engine.engine import LLMEngine
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.sampling_params import SamplingParams
 
 
 class LLM:

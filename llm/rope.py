@@ -35,7 +35,7 @@ import math
 import torch
 from torch import nn
 
-from kernels.ops import apply_rotary
+from vlchat.kernels.ops import apply_rotary
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 _ALIASES = {"su": "longrope", "mrope": "default"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llm.errors import InvalidRequestError
+from vlchat.llm.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
 

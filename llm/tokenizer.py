@@ -6,8 +6,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm.config import is_gguf_file
-from llm.errors import InvalidRequestError, ModelLoadError
+from vlchat.llm.config import is_gguf_file
+from vlchat.llm.errors import InvalidRequestError, ModelLoadError
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -15,7 +15,7 @@ def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
     if is_gguf_file(model_dir):  # the vocabulary and chat template live in the file's metadata
-        from llm.gguf import load_gguf  # the gguf package is imported only for GGUF checkpoints
+        from vlchat.llm.gguf import load_gguf  # the gguf package is imported only for GGUF checkpoints
 
         return load_gguf(model_dir).tokenizer()
     try:

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llm.config import is_gguf_file
-from llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
-from llm.layers.linear import default_weight_loader
+from vlchat.llm.config import is_gguf_file
+from vlchat.llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
+from vlchat.llm.layers.linear import default_weight_loader
 
 ALL_SHARDS = "*"
 
@@ -120,7 +120,7 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
 
 def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
     if is_gguf_file(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
-        from llm.gguf import load_gguf
+        from vlchat.llm.gguf import load_gguf
 
         return load_gguf(model_dir).weights(torch.float32)
     return iter_checkpoint(checkpoint_files(model_dir), progress)
@@ -170,7 +170,7 @@ def load_hf_config(model_dir: str | Path):
     from transformers import AutoConfig, PretrainedConfig
 
     if is_gguf_file(model_dir):
-        from llm.gguf import load_gguf
+        from vlchat.llm.gguf import load_gguf
 
         return load_gguf(model_dir).config
     model_dir = Path(model_dir)
@@ -215,7 +215,7 @@ def load_model(
     Returns:
         The model in eval mode; its `hf_config` and `dtype` attributes say what it was built from.
     """
-    from llm.models.registry import get_model_class
+    from vlchat.llm.models.registry import get_model_class
 
     hf_config = hf_config if hf_config is not None else load_hf_config(model_dir)
     model_cls = get_model_class(hf_config)

@@ -9,13 +9,20 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from timm.layers import Mlp, QuickGELU
 from torch import nn
 
-from kernels.attention import varlen_attention
-from kernels.ops import apply_rotary
-from llm.layers.activation import get_act_and_mul
-from llm.layers.linear import MergedLinear, QKVLinear
+from vlchat.kernels.attention import varlen_attention
+from vlchat.kernels.ops import apply_rotary
+from vlchat.llm.layers.activation import get_act_and_mul
+from vlchat.llm.layers.linear import MergedLinear, QKVLinear
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x), CLIP's activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
 
 ACTIVATIONS = {
     "quick_gelu": QuickGELU,
@@ -33,9 +40,21 @@ def activation(name: str) -> type[nn.Module]:
     return ACTIVATIONS[name]
 
 
+class Mlp(nn.Module):
+    """fc1 -> act -> fc2 (the parameter names match the HF towers')."""
+
+    def __init__(self, dim: int, hidden: int, act: str) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = activation(act)()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
 def mlp(dim: int, hidden: int, act: str) -> Mlp:
-    """fc1 -> act -> fc2 (timm's Mlp: the parameter names match the HF towers')."""
-    return Mlp(dim, hidden, act_layer=activation(act))
+    return Mlp(dim, hidden, act)
 
 
 class RMSNorm(nn.Module):

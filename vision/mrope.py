@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops import apply_rotary
-from llm.inputs import ImageItem
-from llm.rope import RotaryEmbedding
+from vlchat.kernels.ops import apply_rotary
+from vlchat.llm.inputs import ImageItem
+from vlchat.llm.rope import RotaryEmbedding
 
 
 class MRotaryEmbedding(RotaryEmbedding):

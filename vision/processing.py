@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from llm.errors import InvalidRequestError
-from llm.inputs import ImageItem
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.inputs import ImageItem
 
 DEFAULT_MAX_IMAGES = 8
 # Per-request options forwarded to the HF image processor (Qwen's image token budget).

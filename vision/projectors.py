@@ -7,8 +7,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from llm.weights import load_tensors
-from vision.layers import activation
+from vlchat.llm.weights import load_tensors
+from vlchat.vision.layers import activation
 
 
 class MultiModalProjector(nn.Module):

@@ -8,8 +8,8 @@ with `llm.weights.load_tensors`, the engine's own loader.
 
 from __future__ import annotations
 
-from llm.layers.linear import copy_weight
-from llm.weights import ALL_SHARDS, WeightRule
+from vlchat.llm.layers.linear import copy_weight
+from vlchat.llm.weights import ALL_SHARDS, WeightRule
 
 # Separate q/k/v and gate/up checkpoint tensors -> pieces of our fused linears.
 FUSED_RULES = [

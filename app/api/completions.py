@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from app.api.errors import error_body
-from app.api.protocol import ChatCompletionRequest, ImagePart, StreamOptions
-from app.errors import AppError, ModelNotFoundError, is_user_error, user_error_status
-from app.generation import engine_message, new_request_id, sampling_params, stream_outputs
-from app.media import load_image
-from app.settings import ServerConfig
+from vlchat.app.api.errors import error_body
+from vlchat.app.api.protocol import ChatCompletionRequest, ImagePart, StreamOptions
+from vlchat.app.errors import AppError, ModelNotFoundError, is_user_error, user_error_status
+from vlchat.app.generation import engine_message, new_request_id, sampling_params, stream_outputs
+from vlchat.app.media import load_image
+from vlchat.app.settings import ServerConfig
 
 log = logging.getLogger("vlchat.api")
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}

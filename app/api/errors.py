@@ -9,8 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import AppError, is_user_error, user_error_code, user_error_status
-from llm.errors import VLChatError
+from vlchat.app.errors import AppError, is_user_error, user_error_code, user_error_status
+from vlchat.llm.errors import VLChatError
 
 log = logging.getLogger("vlchat.api")
 

@@ -9,11 +9,11 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app.api.completions import complete, open_stream, prepare
-from app.api.errors import error_response
-from app.api.protocol import ChatCompletionRequest
-from app.errors import AuthError, ModelNotFoundError
-from app.settings import ServerConfig
+from vlchat.app.api.completions import complete, open_stream, prepare
+from vlchat.app.api.errors import error_response
+from vlchat.app.api.protocol import ChatCompletionRequest
+from vlchat.app.errors import AuthError, ModelNotFoundError
+from vlchat.app.settings import ServerConfig
 
 
 def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:

@@ -9,9 +9,9 @@ Signatures and shapes: docs/INTERFACES.md.
 
 from __future__ import annotations
 
-from kernels import dispatch
-from kernels.attention import reference
-from kernels.device import device_for
+from vlchat.kernels import dispatch
+from vlchat.kernels.attention import reference
+from vlchat.kernels.device import device_for
 
 WRITE_KV = "attention.write_kv_cache"
 DECODE = "attention.paged_decode"
@@ -19,7 +19,7 @@ PREFILL = "attention.paged_prefill"
 VARLEN = "attention.varlen"
 
 try:
-    from kernels.attention import decode, kv_write, prefill, varlen
+    from vlchat.kernels.attention import decode, kv_write, prefill, varlen
 except ImportError:  # no triton installed: the references serve every op
     decode = kv_write = prefill = varlen = None
 

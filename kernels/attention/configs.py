@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from kernels.device import DeviceInfo
+from vlchat.kernels.device import DeviceInfo
 
 
 class UnsupportedDtypeError(TypeError):

@@ -38,12 +38,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import carveout, decode_ws, plan
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
-from kernels.attention.gluon_sm90 import LOG2E
-from kernels.attention.pdl import dependent_launch, gdc_wait, launch_next_then_wait, pdl_options
-from kernels.device import device_for
-from kernels.launch import launch_compiled
+from vlchat.kernels.attention import carveout, decode_ws, plan
+from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
+from vlchat.kernels.attention.gluon_sm90 import LOG2E
+from vlchat.kernels.attention.pdl import dependent_launch, gdc_wait, launch_next_then_wait, pdl_options
+from vlchat.kernels.device import device_for
+from vlchat.kernels.launch import launch_compiled
 
 _LOG2E = tl.constexpr(LOG2E)
 

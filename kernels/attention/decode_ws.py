@@ -106,7 +106,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from kernels.attention.gluon_sm90 import (
+from vlchat.kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
     TensorDescriptor,
@@ -125,9 +125,9 @@ from kernels.attention.gluon_sm90 import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from kernels.attention.pdl import gdc_launch_dependents, gdc_wait, pdl_options
-from kernels.device import device_for
-from kernels.launch import launch_compiled
+from vlchat.kernels.attention.pdl import gdc_launch_dependents, gdc_wait, pdl_options
+from vlchat.kernels.device import device_for
+from vlchat.kernels.launch import launch_compiled
 
 MAX_GROUP = 64  # query heads per KV head the kernel takes (its query columns, wgmma's N, go up to 64)
 # the consumer keeps a stale running maximum while no score exceeds it by more than this (base 2): probabilities up

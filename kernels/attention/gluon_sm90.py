@@ -12,7 +12,7 @@ import functools
 import torch
 import triton
 
-from kernels.device import triton_version
+from vlchat.kernels.device import triton_version
 
 # Triton 3.5's Gluon warp_specialize takes another signature; the kernels compile for sm_90 with 3.6 and 3.8 (and
 # ran on the H200 with 3.6)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention.configs import check_dtype, table_for
-from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
-from kernels.device import device_for
-from kernels.launch import launch_compiled
+from vlchat.kernels.attention.configs import check_dtype, table_for
+from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
+from vlchat.kernels.device import device_for
+from vlchat.kernels.launch import launch_compiled
 
 
 @triton.jit

@@ -11,8 +11,8 @@ from dataclasses import replace
 import triton
 import triton.language as tl
 
-from kernels.attention.configs import TABLES, table_for
-from kernels.device import DeviceInfo, TritonMode
+from vlchat.kernels.attention.configs import TABLES, table_for
+from vlchat.kernels.device import DeviceInfo, TritonMode
 
 try:  # Triton >= 3.4: programmatic dependent launch (griddepcontrol, the launch_pdl option)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import torch
 
-from kernels.attention import decode_ws
-from kernels.attention import splits as split_model
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig, table_for
+from vlchat.kernels.attention import decode_ws
+from vlchat.kernels.attention import splits as split_model
+from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig, table_for
 
 
 def decode_plan(

@@ -25,12 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import launch_order, prefill_ws
-from kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtype, table_for
-from kernels.attention.decode import _tanh
-from kernels.attention.gluon_sm90 import LOG2E, tma_rows_ok
-from kernels.device import device_for
-from kernels.launch import launch_compiled
+from vlchat.kernels.attention import launch_order, prefill_ws
+from vlchat.kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtype, table_for
+from vlchat.kernels.attention.decode import _tanh
+from vlchat.kernels.attention.gluon_sm90 import LOG2E, tma_rows_ok
+from vlchat.kernels.device import device_for
+from vlchat.kernels.launch import launch_compiled
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor

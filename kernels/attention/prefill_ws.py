@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import triton
 
-from kernels.attention import launch_order
-from kernels.attention.gluon_sm90 import (
+from vlchat.kernels.attention import launch_order
+from vlchat.kernels.attention.gluon_sm90 import (
     LOG2E,
     TMA_PAGES,
     gl,
@@ -55,8 +55,8 @@ from kernels.attention.gluon_sm90 import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from kernels.device import device_for
-from kernels.launch import launch_compiled
+from vlchat.kernels.device import device_for
+from vlchat.kernels.launch import launch_compiled
 
 ROWS = 64  # query rows per consumer warpgroup; a CTA holds two
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention import prefill_ws
-from kernels.attention.configs import PrefillConfig
-from kernels.attention.prefill import launch, prepare, ws_plan
+from vlchat.kernels.attention import prefill_ws
+from vlchat.kernels.attention.configs import PrefillConfig
+from vlchat.kernels.attention.prefill import launch, prepare, ws_plan
 
 
 def varlen_attention(

@@ -5,9 +5,9 @@ or its torch reference for the tensor's device and dtype. Signatures and shapes:
 docs/INTERFACES.md.
 """
 
-from kernels.ops.activation import gelu_tanh_and_mul, silu_and_mul
-from kernels.ops.linear import linear
-from kernels.ops.rms_norm import rms_norm
-from kernels.ops.rotary import apply_rotary
+from vlchat.kernels.ops.activation import gelu_tanh_and_mul, silu_and_mul
+from vlchat.kernels.ops.linear import linear
+from vlchat.kernels.ops.rms_norm import rms_norm
+from vlchat.kernels.ops.rotary import apply_rotary
 
 __all__ = ["rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "apply_rotary", "linear"]

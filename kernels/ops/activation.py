@@ -12,10 +12,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import dispatch
-from kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
-from kernels.device import device_for
-from kernels.launch import launch_compiled
+from vlchat.kernels import dispatch
+from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
+from vlchat.kernels.device import device_for
+from vlchat.kernels.launch import launch_compiled
 
 SILU = "ops.silu_and_mul"
 GELU_TANH = "ops.gelu_tanh_and_mul"

@@ -18,11 +18,11 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from llm.config import EngineConfig
-from llm.engine.engine import LLMEngine
-from llm.errors import InvalidRequestError
-from llm.outputs import RequestOutput
-from llm.sampling_params import SamplingParams
+from vlchat.llm.config import EngineConfig
+from vlchat.llm.engine.engine import LLMEngine
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from llm.engine.sequence import Sequence
+from vlchat.llm.engine.sequence import Sequence
 
 RUN_BYTES = 512 << 10  # a run of blocks spans this much of one layer's K cache (the module docstring says why)
 STRETCH_CANDIDATES = 8  # free blocks _take_free weighs where no run is wholly free

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig
+from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig
 
 # (split count, kernel config) of decode attention, as kernels.attention.plan.decode_plan returns it
 DecodePlan = tuple[int | None, DecodeConfig | WsDecodeConfig | None]

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from llm.engine.context import AttentionMetadata, DecodePlan, use_context
-from llm.engine.transfer import Packed
+from vlchat.llm.engine.context import AttentionMetadata, DecodePlan, use_context
+from vlchat.llm.engine.transfer import Packed
 
 logger = logging.getLogger(__name__)
 

@@ -11,25 +11,25 @@ from __future__ import annotations
 import logging
 import math
 
-from kernels import settings as kernel_settings
-from llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
-from llm.engine.block_manager import BlockManager, run_blocks_for
-from llm.engine.model_runner import ModelRunner
-from llm.engine.request import Request
-from llm.engine.scheduler import Scheduler
-from llm.engine.sequence import Sequence
-from llm.errors import InvalidRequestError, PromptTooLongError
-from llm.inputs import MultiModalPrompt, normalize_prompt
-from llm.outputs import RequestOutput
-from llm.sampling_params import SamplingParams
-from llm.tokenizer import load_tokenizer, stop_token_ids
-from llm.weights import load_hf_config
+from vlchat.kernels import settings as kernel_settings
+from vlchat.llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
+from vlchat.llm.engine.block_manager import BlockManager, run_blocks_for
+from vlchat.llm.engine.model_runner import ModelRunner
+from vlchat.llm.engine.request import Request
+from vlchat.llm.engine.scheduler import Scheduler
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
+from vlchat.llm.inputs import MultiModalPrompt, normalize_prompt
+from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.sampling_params import SamplingParams
+from vlchat.llm.tokenizer import load_tokenizer, stop_token_ids
+from vlchat.llm.weights import load_hf_config
 
 logger = logging.getLogger(__name__)
 
 
 def _max_model_len(hf_config, override: int | None) -> int:
-    from llm.rope import max_model_len_from_config
+    from vlchat.llm.rope import max_model_len_from_config
 
     derived = max_model_len_from_config(hf_config)
     if override is None:

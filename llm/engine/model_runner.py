@@ -16,19 +16,19 @@ from collections import OrderedDict
 
 import torch
 
-from kernels.device import device_for, get_device_info
-from llm.config import EngineConfig
-from llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use_context
-from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
-from llm.engine.sampler import PendingSample, Sampler, SamplerOutput
-from llm.engine.sequence import Sequence
-from llm.engine.transfer import Packed, padded_rows, round_up, to_device
-from llm.errors import InvalidRequestError, ModelLoadError
-from llm.inputs import MultiModalPrompt
-from llm.layers.attention import Attention
-from llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
-from llm.sampling_params import SamplingParams
-from llm.weights import load_model, resolve_dtype
+from vlchat.kernels.device import device_for, get_device_info
+from vlchat.llm.config import EngineConfig
+from vlchat.llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use_context
+from vlchat.llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
+from vlchat.llm.engine.sampler import PendingSample, Sampler, SamplerOutput
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.engine.transfer import Packed, padded_rows, round_up, to_device
+from vlchat.llm.errors import InvalidRequestError, ModelLoadError
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.layers.attention import Attention
+from vlchat.llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
+from vlchat.llm.sampling_params import SamplingParams
+from vlchat.llm.weights import load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class ModelRunner:
         prefill of more query tiles than the prefill kernels take heads first (kernels/attention/launch_order.py:
         the other launch order is another compiled variant, and a serving start's first step of many prompts
         takes it)."""
-        from kernels.attention.launch_order import HEADS_FIRST_MAX_TILES
+        from vlchat.kernels.attention.launch_order import HEADS_FIRST_MAX_TILES
 
         bs, n = self.block_size, 2 * self.block_size + 3
         params = SamplingParams(temperature=0, max_tokens=1)
@@ -201,7 +201,7 @@ class ModelRunner:
         bucket = next((b for b in self.buckets if b >= batch), batch)
         context = context_bucket(self.context_buckets, max_context or self.context_buckets[-1])
         if (bucket, context) not in self._plans:
-            from kernels.attention import plan
+            from vlchat.kernels.attention import plan
 
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             self._plans[bucket, context] = plan.bound_plan(

@@ -10,11 +10,11 @@ and never releases a partial UTF-8 character.
 
 from __future__ import annotations
 
-from llm.detokenizer import IncrementalDetokenizer
-from llm.engine.sequence import Sequence
-from llm.inputs import MultiModalPrompt
-from llm.outputs import CompletionOutput, RequestOutput
-from llm.sampling_params import SamplingParams
+from vlchat.llm.detokenizer import IncrementalDetokenizer
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.outputs import CompletionOutput, RequestOutput
+from vlchat.llm.sampling_params import SamplingParams
 
 # Tokens an unstreamed completion without stop strings queues before it detokenizes them (Completion.deferred)
 DEFERRED_TOKENS = 32

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llm.engine.sequence import Sequence
-from llm.engine.transfer import padded_rows, to_device
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.engine.transfer import padded_rows, to_device
 
 
 @dataclass(slots=True)

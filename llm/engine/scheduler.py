@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from llm.config import SchedulerConfig
-from llm.engine.block_manager import BlockManager
-from llm.engine.sequence import Sequence, SequenceStatus
+from vlchat.llm.config import SchedulerConfig
+from vlchat.llm.engine.block_manager import BlockManager
+from vlchat.llm.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:

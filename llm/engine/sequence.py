@@ -14,8 +14,8 @@ import struct
 import numpy as np
 import torch
 
-from llm.inputs import MultiModalPrompt
-from llm.sampling_params import SamplingParams
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.sampling_params import SamplingParams
 
 
 class GrowingListCopy:

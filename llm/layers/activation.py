@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.ops import gelu_tanh_and_mul, silu_and_mul
-from llm.errors import UnsupportedModelError
+from vlchat.kernels.ops import gelu_tanh_and_mul, silu_and_mul
+from vlchat.llm.errors import UnsupportedModelError
 
 
 class SiluAndMul(nn.Module):

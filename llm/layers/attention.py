@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.attention import paged_decode_attention, paged_prefill_attention, varlen_attention, write_kv_cache
-from llm.engine.context import get_context
+from vlchat.kernels.attention import paged_decode_attention, paged_prefill_attention, varlen_attention, write_kv_cache
+from vlchat.llm.engine.context import get_context
 
 
 class Attention(nn.Module):

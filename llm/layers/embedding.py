@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.ops import linear
-from llm.layers.linear import default_weight_loader
+from vlchat.kernels.ops import linear
+from vlchat.llm.layers.linear import default_weight_loader
 
 
 class VocabEmbedding(nn.Module):

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.ops import linear
-from kernels.ops.linear import GEMV_MAX_TOKENS
+from vlchat.kernels.ops import linear
+from vlchat.kernels.ops.linear import GEMV_MAX_TOKENS
 
 
 def copy_weight(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:

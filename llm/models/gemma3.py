@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llm.layers.embedding import LMHead, VocabEmbedding
-from llm.layers.norm import RMSNorm
-from llm.models.llama import (
+from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
+from vlchat.llm.layers.norm import RMSNorm
+from vlchat.llm.models.llama import (
     DecoderSpec,
     LlamaAttention,
     LlamaForCausalLM,
@@ -34,7 +34,7 @@ from llm.models.llama import (
     _cfg,
     decoder_weight_rules,
 )
-from llm.rope import get_rope, rope_parameters_from_config
+from vlchat.llm.rope import get_rope, rope_parameters_from_config
 
 
 def _layer_types(hf_config) -> list[str]:

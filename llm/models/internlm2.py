@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llm.layers.linear import copy_weight
-from llm.models.llama import LlamaForCausalLM
-from llm.weights import ALL_SHARDS, WeightRule
+from vlchat.llm.layers.linear import copy_weight
+from vlchat.llm.models.llama import LlamaForCausalLM
+from vlchat.llm.weights import ALL_SHARDS, WeightRule
 
 
 def unpack_wqkv(param: nn.Parameter, packed: torch.Tensor, num_kv_heads: int, head_dim: int) -> None:

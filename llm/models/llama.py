@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from llm.errors import ModelLoadError
-from llm.layers.activation import get_act_and_mul
-from llm.layers.attention import Attention
-from llm.layers.embedding import LMHead, VocabEmbedding
-from llm.layers.linear import Linear, MergedLinear, QKVLinear
-from llm.layers.norm import RMSNorm
-from llm.rope import get_rope, max_model_len_from_config, rope_parameters_from_config
-from llm.weights import WeightRule
+from vlchat.llm.errors import ModelLoadError
+from vlchat.llm.layers.activation import get_act_and_mul
+from vlchat.llm.layers.attention import Attention
+from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
+from vlchat.llm.layers.linear import Linear, MergedLinear, QKVLinear
+from vlchat.llm.layers.norm import RMSNorm
+from vlchat.llm.rope import get_rope, max_model_len_from_config, rope_parameters_from_config
+from vlchat.llm.weights import WeightRule
 
 
 @dataclass(slots=True)

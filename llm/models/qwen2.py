@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm.models.llama import LlamaForCausalLM, windows_from_layer_types
+from vlchat.llm.models.llama import LlamaForCausalLM, windows_from_layer_types
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import importlib
 
-from llm.errors import UnsupportedModelError
+from vlchat.llm.errors import UnsupportedModelError
 
 _MODELS: dict[str, str] = {
-    "LlamaForCausalLM": "llm.models.llama:LlamaForCausalLM",
-    "LLaMAForCausalLM": "llm.models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "llm.models.llama:MistralForCausalLM",
-    "Qwen2ForCausalLM": "llm.models.qwen2:Qwen2ForCausalLM",
-    "Qwen3ForCausalLM": "llm.models.qwen3:Qwen3ForCausalLM",
-    "InternLM2ForCausalLM": "llm.models.internlm2:InternLM2ForCausalLM",
-    "Gemma3ForCausalLM": "llm.models.gemma3:Gemma3ForCausalLM",
+    "LlamaForCausalLM": "vlchat.llm.models.llama:LlamaForCausalLM",
+    "LLaMAForCausalLM": "vlchat.llm.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "vlchat.llm.models.llama:MistralForCausalLM",
+    "Qwen2ForCausalLM": "vlchat.llm.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "vlchat.llm.models.qwen3:Qwen3ForCausalLM",
+    "InternLM2ForCausalLM": "vlchat.llm.models.internlm2:InternLM2ForCausalLM",
+    "Gemma3ForCausalLM": "vlchat.llm.models.gemma3:Gemma3ForCausalLM",
     # vision-language models (vision/)
-    "LlavaForConditionalGeneration": "vision.models.llava:LlavaForConditionalGeneration",
-    "Gemma3ForConditionalGeneration": "vision.models.gemma3_vl:Gemma3ForConditionalGeneration",
-    "LlavaNextForConditionalGeneration": "vision.models.llava_next:LlavaNextForConditionalGeneration",
-    "Qwen2VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2VLForConditionalGeneration",
-    "Qwen2_5_VLForConditionalGeneration": "vision.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
-    "InternVLForConditionalGeneration": "vision.models.internvl:InternVLForConditionalGeneration",
+    "LlavaForConditionalGeneration": "vlchat.vision.models.llava:LlavaForConditionalGeneration",
+    "Gemma3ForConditionalGeneration": "vlchat.vision.models.gemma3_vl:Gemma3ForConditionalGeneration",
+    "LlavaNextForConditionalGeneration": "vlchat.vision.models.llava_next:LlavaNextForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration": "vlchat.vision.models.qwen2_vl:Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": "vlchat.vision.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
+    "InternVLForConditionalGeneration": "vlchat.vision.models.internvl:InternVLForConditionalGeneration",
 }
 
 

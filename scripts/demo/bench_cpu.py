@@ -36,7 +36,7 @@ def _messages(question: str, image) -> list[dict]:
 
 def time_vlchat(llm, images, question: str, max_tokens: int) -> tuple[list[float], list[float], int]:
     """Wall seconds and process CPU seconds (all threads) per request, and the answer's token count."""
-    from llm import SamplingParams
+    from vlchat.llm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     times, cpu, tokens = [], [], 0
@@ -71,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from llm import LLM
+    from vlchat.llm import LLM
 
     rng = random.Random(7)
     start = time.perf_counter()

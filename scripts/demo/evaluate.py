@@ -117,7 +117,7 @@ def with_images(item: EvalItem) -> list[dict]:
 
 def answer_with_vlchat(llm, items: list[EvalItem], chunk: int = 256) -> list[str]:
     """Greedy answers from vlchat's engine (`llm.LLM`)."""
-    from llm import SamplingParams
+    from vlchat.llm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=64)
     answers = []
@@ -149,7 +149,7 @@ def main() -> None:
     if args.backend == "transformers":
         answers = evaluate_transformers(args.model, items, args.device)
     else:
-        from llm import LLM
+        from vlchat.llm import LLM
 
         answers = answer_with_vlchat(LLM(args.model, device=args.device), items)
     table = score(items, answers)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from app.model_choice import EXAMPLES, ModelChoice
 from tests.app.live import start_engine, start_server
 from tests.vision.tiny_vlm import make_tiny_llava
+from vlchat.app.model_choice import EXAMPLES, ModelChoice
 
 API_KEY = "test-key-123"
 BODY_LIMIT = 300_000
@@ -42,7 +42,7 @@ def media_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def locked_server(tiny_engine, tiny_choice, media_root):
     """API only, with an API key, a local media directory and a small body limit."""
-    from app.settings import MediaLimits
+    from vlchat.app.settings import MediaLimits
 
     media = MediaLimits(allowed_local_dir=str(media_root), max_images_per_request=2)
     server = start_server(

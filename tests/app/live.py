@@ -9,9 +9,9 @@ from pathlib import Path
 
 import uvicorn
 
-from app.model_choice import ModelChoice, resolve_model
-from app.server import build_app
-from app.settings import ServerConfig
+from vlchat.app.model_choice import ModelChoice, resolve_model
+from vlchat.app.server import build_app
+from vlchat.app.settings import ServerConfig
 
 
 class LiveServer:
@@ -50,7 +50,7 @@ def start_server(engine, choice: ModelChoice, with_ui: bool = True, **config) ->
 
 
 def start_engine(model_dir: str | Path, **options):
-    from llm import AsyncEngine, EngineConfig
+    from vlchat.llm import AsyncEngine, EngineConfig
 
     options.setdefault("num_blocks", 256)
     options.setdefault("max_model_len", 512)

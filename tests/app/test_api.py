@@ -9,10 +9,10 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from app.client import AsyncClient, Client, ClientError
-from app.model_choice import EXAMPLES
 from tests.app.conftest import LONG_CONTEXT
 from tests.images import data_url
+from vlchat.app.client import AsyncClient, Client, ClientError
+from vlchat.app.model_choice import EXAMPLES
 
 HELLO = [{"role": "user", "content": "Hello! How are you today?"}]
 

@@ -5,10 +5,10 @@ import io
 
 import pytest
 
-from app.chat import TerminalChat, run_chat
-from app.errors import AppError, MediaError
-from app.model_choice import EXAMPLES
-from app.settings import MediaLimits
+from vlchat.app.chat import TerminalChat, run_chat
+from vlchat.app.errors import AppError, MediaError
+from vlchat.app.model_choice import EXAMPLES
+from vlchat.app.settings import MediaLimits
 
 GREEDY = {"max_tokens": 6, "temperature": 0.0}
 

@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from app import __version__
-from app.cli import main
+from vlchat.app import __version__
+from vlchat.app.cli import main
 
 
 def test_version_flag(capsys):
@@ -15,12 +15,12 @@ def test_version_flag(capsys):
 
 
 def test_console_script_help():
-    out = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "vlchat.app.cli", "--help"], capture_output=True, text=True, check=True)
     assert "serve" in out.stdout and "chat" in out.stdout
 
 
 def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
-    from app.cli import build_parser, server_config
+    from vlchat.app.cli import build_parser, server_config
 
     monkeypatch.setenv("VLCHAT_API_KEY", "from-env")
     args = build_parser().parse_args(["serve", "--auth", "ann:pw", "--allow-remote-images",
@@ -51,8 +51,8 @@ def test_bad_options_are_one_line_errors(capsys, argv, message):
 
 
 def test_share_without_protection_warns_loudly(capsys):
-    from app.server import warn_if_unprotected
-    from app.settings import ServerConfig
+    from vlchat.app.server import warn_if_unprotected
+    from vlchat.app.settings import ServerConfig
 
     warn_if_unprotected(ServerConfig(share=True))
     assert "WARNING" in capsys.readouterr().err
@@ -65,7 +65,7 @@ def test_share_without_protection_warns_loudly(capsys):
     assert "without --auth or --api-key" in capsys.readouterr().err
 
 
-def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine):
+def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine, tmp_path):
     import signal
     import socket
     import time
@@ -75,9 +75,9 @@ def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", tiny_engine.config.model, "--port", str(port),
+    cmd = [sys.executable, "-m", "vlchat.app.cli", "serve", "--model", tiny_engine.config.model, "--port", str(port),
            "--max-model-len", "256", "--num-blocks", "32", "--api-key", "k"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -105,8 +105,8 @@ def test_share_link_failure_is_one_line_and_serving_goes_on(monkeypatch, capsys)
 
     from gradio import networking
 
-    from app.server import start_share_link
-    from app.settings import ServerConfig
+    from vlchat.app.server import start_share_link
+    from vlchat.app.settings import ServerConfig
 
     def no_network(*args):  # stands in for Gradio's share server, which must never be contacted from tests
         raise RuntimeError("Could not get share link from Gradio API Server.")
@@ -121,7 +121,7 @@ def test_share_link_failure_is_one_line_and_serving_goes_on(monkeypatch, capsys)
 
 
 def test_model_choices(tmp_path):
-    from app.model_choice import resolve_model
+    from vlchat.app.model_choice import resolve_model
 
     demo = resolve_model(None)
     assert demo.demo and demo.name == "vlchat-demo" and demo.example_images()

@@ -2,7 +2,7 @@
 
 from gradio_client import Client, handle_file
 
-from app.model_choice import EXAMPLES
+from vlchat.app.model_choice import EXAMPLES
 
 
 def test_gradio_client_chat_with_image(server):

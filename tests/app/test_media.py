@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.errors import ForbiddenMediaError, MediaError
-from app.media import load_image
-from app.settings import MediaLimits
 from tests.images import animated_gif, data_url, encode, png_claiming
+from vlchat.app.errors import ForbiddenMediaError, MediaError
+from vlchat.app.media import load_image
+from vlchat.app.settings import MediaLimits
 
 LIMITS = MediaLimits()
 RED = Image.new("RGB", (6, 4), (255, 0, 0))

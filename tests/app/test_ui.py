@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from app.errors import AppError
-from app.model_choice import EXAMPLES
-from app.settings import MediaLimits, ServerConfig
-from app.ui import conversation, make_respond
+from vlchat.app.errors import AppError
+from vlchat.app.model_choice import EXAMPLES
+from vlchat.app.settings import MediaLimits, ServerConfig
+from vlchat.app.ui import conversation, make_respond
 
 ONE, TWO = str(EXAMPLES / "one-shape.png"), str(EXAMPLES / "two-shapes.png")
 

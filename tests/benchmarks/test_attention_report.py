@@ -1,7 +1,7 @@
 """The attention benchmark's target checks and Markdown table, on synthetic rows (no GPU)."""
 
 from benchmarks.attention_report import config_name, markdown, targets
-from kernels.attention.configs import DecodeConfig, WsDecodeConfig
+from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig
 
 
 def _decode_row(ours, sdpa, best, kv_mb=512.0, copy_gbs=4000.0, batch=1):

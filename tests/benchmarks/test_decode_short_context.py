@@ -1,9 +1,9 @@
 """The short-context decode benchmark's report and its one-tile baseline (GPU-free)."""
 
 from benchmarks.decode_short_context import markdown, one_tile_count
-from kernels.attention.configs import TABLES
 from tests.benchmarks.tables import result, table_at
 from tests.kernels.attention_helpers import plan_inputs, sim_device
+from vlchat.kernels.attention.configs import TABLES
 
 
 def test_markdown_reports_the_plan_against_one_tile_splits_the_sweep_and_sdpa():

@@ -3,8 +3,8 @@
 from types import SimpleNamespace
 
 from benchmarks.engine import reconfigure
-from llm.config import SchedulerConfig
-from llm.engine.block_manager import BlockManager
+from vlchat.llm.config import SchedulerConfig
+from vlchat.llm.engine.block_manager import BlockManager
 
 
 def test_reconfigure_keeps_the_engines_block_runs():

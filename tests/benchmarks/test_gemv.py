@@ -1,8 +1,8 @@
 """The one-row projection benchmark's report (GPU-free)."""
 
 from benchmarks.gemv import SWEEP, markdown
-from kernels.ops.linear import gemv_config
 from tests.benchmarks.tables import result
+from vlchat.kernels.ops.linear import gemv_config
 
 
 def test_markdown_reports_the_ratios_to_cublas_the_best_tile_and_the_floor():

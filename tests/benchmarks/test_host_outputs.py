@@ -1,7 +1,7 @@
 """The host-output benchmark: its measurement (tiny sizes) and its report."""
 
 from benchmarks.host_outputs import REPORT_MODES, markdown, measure
-from llm.engine import request
+from vlchat.llm.engine import request
 
 
 def test_measure_times_every_mode_and_restores_the_deferral():

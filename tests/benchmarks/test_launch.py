@@ -2,8 +2,8 @@
 report."""
 
 from benchmarks.launch import LAYER_CALLS, markdown, measure
-from kernels import settings
 from tests.benchmarks.tables import result
+from vlchat.kernels import settings
 
 
 def test_measure_times_every_case_both_ways_and_restores_the_setting():

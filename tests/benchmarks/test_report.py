@@ -15,7 +15,7 @@ def test_results_go_to_one_stem_per_benchmark_and_device(tmp_path):
 
 
 def test_a_kernel_benchmark_result_starts_with_the_device_and_the_versions():
-    from kernels.device import DeviceInfo, TritonMode
+    from vlchat.kernels.device import DeviceInfo, TritonMode
 
     device = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 227 << 10, 141 << 30, True, TritonMode.COMPILED)
     header = device_header(device)

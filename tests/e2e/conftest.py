@@ -2,9 +2,9 @@
 
 import pytest
 
-from app.model_choice import EXAMPLES, ModelChoice
 from tests.app.live import start_engine, start_server
 from tests.vision.tiny_vlm import make_tiny_llava
+from vlchat.app.model_choice import EXAMPLES, ModelChoice
 
 BROWSER_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from app.model_choice import EXAMPLES
 from tests.e2e.conftest import BROWSER_ARGS, CHROMIUM
+from vlchat.app.model_choice import EXAMPLES
 
 pytestmark = [
     pytest.mark.browser,

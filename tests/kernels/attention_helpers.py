@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from kernels.attention import decode, gluon_sm90, reference
-from kernels.device import DeviceInfo, TritonMode
+from vlchat.kernels.attention import decode, gluon_sm90, reference
+from vlchat.kernels.device import DeviceInfo, TritonMode
 
 ON_GPU = torch.cuda.is_available()
 DEV = torch.device("cuda" if ON_GPU else "cpu")

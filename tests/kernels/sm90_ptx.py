@@ -16,12 +16,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.attention import decode, decode_ws, gluon_sm90, kv_write
-from kernels.attention.configs import TABLES
-from kernels.ops.activation import _act_and_mul_kernel
-from kernels.ops.linear import _gemv_kernel
-from kernels.ops.rms_norm import _rms_norm_kernel
-from kernels.ops.rotary import _rotary_kernel
+from vlchat.kernels.attention import decode, decode_ws, gluon_sm90, kv_write
+from vlchat.kernels.attention.configs import TABLES
+from vlchat.kernels.ops.activation import _act_and_mul_kernel
+from vlchat.kernels.ops.linear import _gemv_kernel
+from vlchat.kernels.ops.rms_norm import _rms_norm_kernel
+from vlchat.kernels.ops.rotary import _rotary_kernel
 
 FLOATS = ("scale", "softcap", "qk_scale", "eps", "weight_offset")
 PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64",

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-import kernels.attention as attention
-from kernels import dispatch, settings
-from kernels.attention import configs
-from kernels.device import TritonMode
+import vlchat.kernels.attention as attention
 from tests.kernels.attention_helpers import ARCHS, DEV, make_paged, sim_device
+from vlchat.kernels import dispatch, settings
+from vlchat.kernels.attention import configs
+from vlchat.kernels.device import TritonMode
 
 OPS = [attention.WRITE_KV, attention.DECODE, attention.PREFILL, attention.VARLEN]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -87,7 +87,7 @@ def test_a_forced_triton_without_triton_fails_loudly_and_float64_takes_the_refer
 
 
 def test_bf16_kernel_call_on_pre_ampere_fails_with_a_clear_error():
-    from kernels.attention import decode
+    from vlchat.kernels.attention import decode
 
     k_cache, v_cache, tables = make_paged([5], 16, 2, 64, torch.bfloat16)
     q = torch.randn(1, 4, 64, device=DEV, dtype=torch.bfloat16)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.attention import kv_write, reference
 from tests.kernels.attention_helpers import DEV, DTYPES
+from vlchat.kernels.attention import kv_write, reference
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

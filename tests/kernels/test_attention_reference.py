@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import reference as ref
+from vlchat.kernels.attention import reference as ref
 
 TOL = 1e-10  # float64 against float64
 

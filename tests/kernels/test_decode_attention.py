@@ -6,8 +6,6 @@ CPU: tiny shapes under TRITON_INTERPRET=1. GPU: the same cases at real sizes.
 import pytest
 import torch
 
-from kernels.attention import decode
-from kernels.attention.configs import TABLES
 from tests.kernels.attention_helpers import (
     ARCHS,
     DEV,
@@ -18,6 +16,8 @@ from tests.kernels.attention_helpers import (
     make_paged,
     sim_device,
 )
+from vlchat.kernels.attention import decode
+from vlchat.kernels.attention.configs import TABLES
 
 KV_HEADS = 8 if ON_GPU else 2
 

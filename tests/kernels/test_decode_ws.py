@@ -9,9 +9,6 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.attention import decode, decode_ws, gluon_sm90, plan, reference
-from kernels.attention.configs import TABLES, WsDecodeConfig
-from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import (
     DEV,
     SM90,
@@ -23,6 +20,9 @@ from tests.kernels.attention_helpers import (
     poisoned_like,
     sim_device,
 )
+from vlchat.kernels.attention import decode, decode_ws, gluon_sm90, plan, reference
+from vlchat.kernels.attention.configs import TABLES, WsDecodeConfig
+from vlchat.kernels.device import DeviceInfo, TritonMode, device_for
 
 CONFIG = TABLES["sm_90"].decode_ws_config(128)
 

@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import carveout, decode, decode_ws, gluon_sm90, kv_write, pdl, reference
-from kernels.attention.configs import TABLES
-from kernels.attention.pdl import gdc_launch_dependents
-from kernels.device import DeviceInfo, TritonMode, device_for
 from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, needs_sm90, sim_device
+from vlchat.kernels.attention import carveout, decode, decode_ws, gluon_sm90, kv_write, pdl, reference
+from vlchat.kernels.attention.configs import TABLES
+from vlchat.kernels.attention.pdl import gdc_launch_dependents
+from vlchat.kernels.device import DeviceInfo, TritonMode, device_for
 
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 needs_pdl = pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")

@@ -2,7 +2,7 @@ import os
 
 import torch
 
-from kernels.device import DeviceInfo, TritonMode, get_device_info
+from vlchat.kernels.device import DeviceInfo, TritonMode, get_device_info
 
 
 def test_device_info_is_cached_and_consistent():

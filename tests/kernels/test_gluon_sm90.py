@@ -4,8 +4,8 @@ their loaders read, and the table configs that rely on them."""
 import pytest
 import torch
 
-from kernels.attention import gluon_sm90
-from kernels.attention.configs import TABLES
+from vlchat.kernels.attention import gluon_sm90
+from vlchat.kernels.attention.configs import TABLES
 
 
 def test_gluon_needs_triton_3_6():
@@ -44,7 +44,7 @@ def test_cache_descriptors_are_built_once_per_tensor_and_box_in_the_owners_memo(
 
 @pytest.mark.skipif(gluon_sm90.gluon is None, reason="this Triton has no Gluon")
 def test_decode_descriptors_keep_the_caches_and_rebuild_the_query():
-    from kernels.attention import decode_ws
+    from vlchat.kernels.attention import decode_ws
 
     q = torch.zeros(3, 8, 64, dtype=torch.float16)
     kc, vc = torch.zeros(8, 16, 2, 64, dtype=torch.float16), torch.zeros(8, 16, 2, 64, dtype=torch.float16)

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import launch
-from kernels.device import get_device_info
+from vlchat.kernels import launch
+from vlchat.kernels.device import get_device_info
 
 CUDA = torch.cuda.is_available()
 
@@ -108,7 +108,7 @@ def test_launch_matches_triton_and_the_reference(n, stride, scale, block):
     reason="direct launches need a GPU (the interpreter takes kernel[grid]) and a Triton of DIRECT_TRITON",
 )
 def test_direct_launches_reuse_variants_and_pass_the_check():
-    from kernels import settings
+    from vlchat.kernels import settings
 
     assert settings.launch_check(), "the GPU tests run with VLCHAT_LAUNCH_CHECK=1 (tests/conftest.py)"
     for n, stride, scale, block in CALLS * 3:
@@ -141,7 +141,7 @@ def test_a_launch_hook_or_the_setting_turns_direct_launches_off():
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
-    from kernels import settings
+    from vlchat.kernels import settings
 
     fn = JITFunction(getattr(_scaled_copy_kernel, "fn", _scaled_copy_kernel))
     assert launch.enabled(fn)

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.ops import gelu_tanh_and_mul, silu_and_mul
-from kernels.ops.activation import GELU_TANH, SILU, gelu_tanh_and_mul_reference, silu_and_mul_reference
 from tests.kernels.attention_helpers import DEV
+from vlchat.kernels import dispatch
+from vlchat.kernels.ops import gelu_tanh_and_mul, silu_and_mul
+from vlchat.kernels.ops.activation import GELU_TANH, SILU, gelu_tanh_and_mul_reference, silu_and_mul_reference
 
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 OPS = {"silu": (SILU, silu_and_mul_reference), "gelu_tanh": (GELU_TANH, gelu_tanh_and_mul_reference)}

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import dispatch
-from kernels.attention import pdl
-from kernels.device import device_for
-from kernels.ops import linear
-from kernels.ops.linear import OP, GemvConfig, gemv, gemv_config
-from llm.layers.embedding import LMHead
-from llm.layers.linear import Linear
 from tests.kernels.attention_helpers import DEV, ON_GPU
+from vlchat.kernels import dispatch
+from vlchat.kernels.attention import pdl
+from vlchat.kernels.device import device_for
+from vlchat.kernels.ops import linear
+from vlchat.kernels.ops.linear import OP, GemvConfig, gemv, gemv_config
+from vlchat.llm.layers.embedding import LMHead
+from vlchat.llm.layers.linear import Linear
 
-linear_op = importlib.import_module("kernels.ops.linear")  # the module (kernels.ops.linear is the function)
+linear_op = importlib.import_module("vlchat.kernels.ops.linear")  # the module (kernels.ops.linear is the function)
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 
@@ -112,8 +112,8 @@ def test_only_a_captured_row_on_an_arch_with_dependent_launch_takes_the_gemv(mon
     capture state and the device are stood in for)."""
     from types import SimpleNamespace
 
-    from kernels.device import TritonMode
     from tests.kernels.attention_helpers import sim_device
+    from vlchat.kernels.device import TritonMode
 
     row = SimpleNamespace(shape=(1, 64), is_cuda=True)
     capturing = [True]

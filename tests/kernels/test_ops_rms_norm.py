@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from kernels import dispatch, settings
-from kernels.ops import rms_norm
-from kernels.ops.rms_norm import OP, rms_norm_reference
 from tests.kernels.attention_helpers import DEV
+from vlchat.kernels import dispatch, settings
+from vlchat.kernels.ops import rms_norm
+from vlchat.kernels.ops.rms_norm import OP, rms_norm_reference
 
 # (dtype, tolerance): fp32 kernels agree to rounding; half precision within a few ulps of the output
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

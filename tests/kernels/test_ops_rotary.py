@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.ops import apply_rotary
-from kernels.ops.rotary import OP, apply_rotary_reference
 from tests.kernels.attention_helpers import DEV
+from vlchat.kernels import dispatch
+from vlchat.kernels.ops import apply_rotary
+from vlchat.kernels.ops.rotary import OP, apply_rotary_reference
 
 TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

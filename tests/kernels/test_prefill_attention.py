@@ -3,8 +3,6 @@
 import pytest
 import torch
 
-from kernels.attention import prefill, reference, varlen
-from kernels.attention.configs import TABLES, PrefillConfig
 from tests.kernels.attention_helpers import (
     ARCHS,
     DEV,
@@ -16,6 +14,8 @@ from tests.kernels.attention_helpers import (
     poisoned_like,
     sim_device,
 )
+from vlchat.kernels.attention import prefill, reference, varlen
+from vlchat.kernels.attention.configs import TABLES, PrefillConfig
 
 # CPU: 16x16 tiles so tiny sequences still span several query and key tiles; GPU: the device's own table.
 SMALL = None if ON_GPU else PrefillConfig(16, 16, 4, 1)

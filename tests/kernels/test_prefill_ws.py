@@ -6,9 +6,9 @@ everywhere."""
 import pytest
 import torch
 
-from kernels.attention import prefill, prefill_ws, reference, varlen
-from kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
 from tests.kernels.attention_helpers import DEV, SM90, assert_close, chunk_rows, make_paged, needs_sm90, poisoned_like
+from vlchat.kernels.attention import prefill, prefill_ws, reference, varlen
+from vlchat.kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
 
 
 def test_only_sm90_has_a_warp_specialized_config():

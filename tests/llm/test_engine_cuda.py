@@ -14,11 +14,11 @@ import logging
 import pytest
 import torch
 
-from kernels.attention import decode_ws
-from kernels.attention.configs import WsDecodeConfig
-from llm import LLM, SamplingParams
 from tests.kernels.attention_helpers import needs_sm90
 from tests.llm.tiny import make_tiny_llama
+from vlchat.kernels.attention import decode_ws
+from vlchat.kernels.attention.configs import WsDecodeConfig
+from vlchat.llm import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # A tenth of the free GPU memory for the KV cache, not the default 0.9: test workers share the GPU (pytest -n)
@@ -47,7 +47,7 @@ def test_eager_and_graph_decode_run_the_same_gluon_plan(tmp_path, launched, capl
     results = {}
     longest = len(PROMPTS[1]) + GREEDY.max_tokens  # 52 keys: the 512-key context bucket
     for eager in (True, False):
-        with caplog.at_level(logging.INFO, logger="llm.engine.cuda_graphs"):
+        with caplog.at_level(logging.INFO, logger="vlchat.llm.engine.cuda_graphs"):
             llm = LLM(str(model_dir), dtype="float16", device="cuda", enforce_eager=eager, **CACHE)
         runner = llm.engine.runner
         plans = [runner.decode_plan(batch) for batch in (1, 2)]  # at max_model_len

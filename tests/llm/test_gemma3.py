@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm.weights import load_model
 from tests.llm.paged import PagedCache, check_chunked_prefill_then_decode
 from tests.llm.tiny import hf_greedy, rel_err
+from vlchat.llm.weights import load_model
 
 RTOL = 1e-4
 PROMPT = [3, 17, 42, 9, 88, 5, 61, 23, 99, 14, 7, 71, 30, 2, 55, 120, 64, 11, 45, 90]  # longer than the window

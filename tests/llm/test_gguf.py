@@ -12,10 +12,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from llm.errors import ModelLoadError
-from llm.gguf import UnsupportedGGUFError, load_gguf
-from llm.weights import resolve_dtype
 from tests.llm.gguf_files import gemma3_270m_path, write_llama_gguf
+from vlchat.llm.errors import ModelLoadError
+from vlchat.llm.gguf import UnsupportedGGUFError, load_gguf
+from vlchat.llm.weights import resolve_dtype
 
 # storage types per tensor: layer 0 keeps q/k in F32 so the permutation round trip is exact
 LLAMA_QTYPES = {
@@ -222,13 +222,13 @@ def _hf_greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, pad_i
 
 @pytest.fixture(scope="module")
 def gemma_llm(gemma_path):
-    from llm import LLM
+    from vlchat.llm import LLM
 
     return LLM(str(gemma_path), dtype="float32", device="cpu", max_model_len=256)
 
 
 def test_vlchat_greedy_equals_transformers_on_the_real_gguf(gemma_llm, gemma_hf):
-    from llm import SamplingParams
+    from vlchat.llm import SamplingParams
 
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outputs = gemma_llm.generate(PROMPTS, params)  # one batch: the 5 sequences decode together
@@ -253,7 +253,7 @@ def test_served_weights_equal_transformers(gemma_llm, gemma_hf):
 
 def test_chat_template_answers_a_simple_question(gemma_llm):
     """The packaged 270M model is the pretrained (not instruction-tuned) one: one example turn shows the format."""
-    from llm import SamplingParams
+    from vlchat.llm import SamplingParams
 
     conversation = [
         {"role": "user", "content": "What is the capital of Germany?"},
@@ -269,8 +269,8 @@ def test_tiny_llama_gguf_through_the_engine_equals_transformers(tiny_llama):
     """The Llama path (q/k permutation, quantized tensors) end to end: engine tokens = transformers on the file."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from llm import LLM, SamplingParams
     from tests.llm.tiny import hf_greedy
+    from vlchat.llm import LLM, SamplingParams
 
     path = tiny_llama[0]
     config_dict, tensors = _transformers_gguf(path, load_gguf(path).config)
@@ -283,7 +283,7 @@ def test_tiny_llama_gguf_through_the_engine_equals_transformers(tiny_llama):
 
 
 def test_app_accepts_a_gguf_file_as_model(tiny_llama):
-    from app.model_choice import resolve_model
+    from vlchat.app.model_choice import resolve_model
 
     choice = resolve_model(str(tiny_llama[0]))
     assert (choice.path, choice.name, choice.demo) == (str(tiny_llama[0]), "tiny-llama", False)

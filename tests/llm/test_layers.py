@@ -12,17 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import settings
-from kernels.attention.configs import DecodeConfig
-from kernels.device import TritonMode, device_for
-from llm.engine.context import AttentionMetadata, use_context
-from llm.errors import UnsupportedModelError
-from llm.layers.activation import get_act_and_mul
-from llm.layers.attention import Attention
-from llm.layers.embedding import LMHead, VocabEmbedding
-from llm.layers.linear import MergedLinear, QKVLinear
-from llm.layers.norm import RMSNorm
 from tests.llm.paged import PagedCache
+from vlchat.kernels import settings
+from vlchat.kernels.attention.configs import DecodeConfig
+from vlchat.kernels.device import TritonMode, device_for
+from vlchat.llm.engine.context import AttentionMetadata, use_context
+from vlchat.llm.errors import UnsupportedModelError
+from vlchat.llm.layers.activation import get_act_and_mul
+from vlchat.llm.layers.attention import Attention
+from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
+from vlchat.llm.layers.linear import MergedLinear, QKVLinear
+from vlchat.llm.layers.norm import RMSNorm
 
 ATOL = 1e-5
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
@@ -87,7 +87,7 @@ def test_paged_attention_steps_match_naive(sliding_window, softcap):
 def test_a_decode_step_runs_the_kernel_config_of_its_metadata(monkeypatch):
     """The engine plans (split count, config) once per batch bucket; a step passes both, and the kernel runs
     that config rather than re-planning from the step's own (narrower) block table."""
-    from kernels.attention import decode  # needs triton
+    from vlchat.kernels.attention import decode  # needs triton
 
     launched, real = [], decode._decode_kernel
 
@@ -116,7 +116,7 @@ def test_a_decode_step_runs_the_kernel_config_of_its_metadata(monkeypatch):
 def test_the_layer_hands_the_kernels_its_cache_memo_and_empties_it_with_a_new_cache(monkeypatch):
     """The kernels keep the caches' TMA descriptors in the layer's memo (they hold the caches): a new cache must
     not find the old one's."""
-    import llm.layers.attention as layer_module
+    import vlchat.llm.layers.attention as layer_module
 
     seen = []
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llm import LLM, SamplingParams
-from llm.errors import InvalidRequestError, PromptTooLongError
 from tests.llm.tiny import make_tiny_llama
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
 
 
 @pytest.fixture(scope="module")

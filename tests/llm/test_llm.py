@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llm import LLM, SamplingParams
-from llm.errors import InvalidRequestError
 from tests.llm.tiny import hf_greedy, load_hf_model, make_tiny_llama
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.errors import InvalidRequestError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 

@@ -10,9 +10,9 @@ Also: the length limits the engine enforces, and chunked prefill at length.
 import pytest
 import torch
 
-from llm import LLM, SamplingParams
-from llm.errors import InvalidRequestError, PromptTooLongError
 from tests.llm.tiny import load_hf_model, make_tiny_llama
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
 
 ORIGINAL = 128
 NEW_TOKENS = 8

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import settings
-from llm.engine.context import AttentionMetadata, use_context
-from llm.engine.transfer import padded_rows
-from llm.layers.attention import Attention
 from tests.kernels.attention_helpers import DEV
+from vlchat.kernels import settings
+from vlchat.llm.engine.context import AttentionMetadata, use_context
+from vlchat.llm.engine.transfer import padded_rows
+from vlchat.llm.layers.attention import Attention
 
 
 def _step(num_decodes: int, prompt_lens: list[int], window: int | None, seed: int):

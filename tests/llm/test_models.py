@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llm.errors import UnsupportedModelError
-from llm.models.registry import _MODELS, get_model_class
-from llm.weights import load_model
 from tests.llm.paged import PagedCache, check_chunked_prefill_then_decode
 from tests.llm.tiny import hf_greedy, rel_err
+from vlchat.llm.errors import UnsupportedModelError
+from vlchat.llm.models.registry import _MODELS, get_model_class
+from vlchat.llm.weights import load_model
 
 RTOL = 1e-4
 PROMPT = [3, 17, 42, 9, 88, 5, 61, 23, 99, 14, 7, 71, 30, 2, 55, 120, 64, 11, 45, 90]  # 20 tokens, 5 blocks of 4
@@ -169,7 +169,7 @@ def test_registry_names_importable_classes():
 
     for arch, target in _MODELS.items():
         assert target.count(":") == 1, arch
-        if not target.startswith("llm."):
+        if not target.startswith("vlchat.llm."):
             continue  # vision models: imported by the vision tests
         Cfg.architectures = ["SomethingElse", arch]
         cls = get_model_class(Cfg)

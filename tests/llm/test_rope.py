@@ -6,7 +6,7 @@ from transformers import Gemma3TextConfig, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from llm.rope import (
+from vlchat.llm.rope import (
     RotaryEmbedding,
     compute_inv_freq,
     extend_rope_tables,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm.engine.sampler import Sampler
-from llm.engine.sequence import Sequence
-from llm.inputs import MultiModalPrompt
-from llm.sampling_params import SamplingParams
+from vlchat.llm.engine.sampler import Sampler
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.sampling_params import SamplingParams
 
 V = 12
 EOS = 11

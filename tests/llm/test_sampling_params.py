@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llm.config import CacheConfig, EngineConfig, SchedulerConfig
-from llm.errors import InvalidRequestError
-from llm.sampling_params import SamplingParams
+from vlchat.llm.config import CacheConfig, EngineConfig, SchedulerConfig
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,12 @@ from collections import Counter
 
 import pytest
 
-from llm.config import SchedulerConfig
-from llm.engine.block_manager import BlockManager
-from llm.engine.scheduler import Scheduler
-from llm.engine.sequence import Sequence, SequenceStatus
-from llm.inputs import MultiModalPrompt
-from llm.sampling_params import SamplingParams
+from vlchat.llm.config import SchedulerConfig
+from vlchat.llm.engine.block_manager import BlockManager
+from vlchat.llm.engine.scheduler import Scheduler
+from vlchat.llm.engine.sequence import Sequence, SequenceStatus
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.sampling_params import SamplingParams
 
 BS = 4
 

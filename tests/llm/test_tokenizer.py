@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from llm.errors import InvalidRequestError, ModelLoadError
-from llm.tokenizer import apply_chat_template, load_tokenizer, stop_token_ids
 from tests.llm.tiny import make_tokenizer
+from vlchat.llm.errors import InvalidRequestError, ModelLoadError
+from vlchat.llm.tokenizer import apply_chat_template, load_tokenizer, stop_token_ids
 
 STRING_ONLY_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] + '</s>' }}\n{% endfor %}"
 

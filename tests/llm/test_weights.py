@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llm.errors import ModelLoadError, UnsupportedModelError, WeightMismatchError
-from llm.weights import WeightRule, checkpoint_files, load_model, map_name, resolve_dtype
 from tests.llm.paged import PagedCache
 from tests.llm.test_models import PROMPT, make_hf_model
+from vlchat.llm.errors import ModelLoadError, UnsupportedModelError, WeightMismatchError
+from vlchat.llm.weights import WeightRule, checkpoint_files, load_model, map_name, resolve_dtype
 
 RTOL = 1e-4
 

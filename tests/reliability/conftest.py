@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.model_choice import DEMO_MODEL, EXAMPLES, ModelChoice
-from app.settings import MediaLimits
 from tests.app.live import start_engine, start_server
 from tests.llm.tiny import make_tiny_llama
+from vlchat.app.model_choice import DEMO_MODEL, EXAMPLES, ModelChoice
+from vlchat.app.settings import MediaLimits
 
 API_KEY = "reliability-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -15,10 +15,10 @@ import time
 
 import httpx
 
-from app.settings import ServerConfig
-from app.ui import make_respond
 from tests.reliability.checks import assert_healthy, wait_idle
 from tests.reliability.conftest import AUTH
+from vlchat.app.settings import ServerConfig
+from vlchat.app.ui import make_respond
 
 LONG = {"max_tokens": 200, "ignore_eos": True, "temperature": 0}
 # Tokens a request may still gain after its consumer left: the step in flight when the abort was queued,

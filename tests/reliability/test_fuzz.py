@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from app.model_choice import ModelChoice
-from app.server import build_app
-from app.settings import MediaLimits, ServerConfig
 from tests.app.live import start_engine
 from tests.reliability.checks import ERROR_FIELDS, wait_idle
 from tests.reliability.conftest import API_KEY, AUTH
+from vlchat.app.model_choice import ModelChoice
+from vlchat.app.server import build_app
+from vlchat.app.settings import MediaLimits, ServerConfig
 
 EXAMPLES = {"positive": 60, "negative": 40, "accepted": 60}  # POST /v1/chat/completions; 10 for the others
 MODES = {"positive": GenerationMode.POSITIVE, "negative": GenerationMode.NEGATIVE, "accepted": GenerationMode.POSITIVE}

@@ -14,10 +14,10 @@ import json
 import httpx
 import pytest
 
-from app.model_choice import ModelChoice
 from tests.app.live import start_engine, start_server
 from tests.reliability.checks import wait_idle
 from tests.reliability.conftest import AUTH
+from vlchat.app.model_choice import ModelChoice
 
 POOL_BLOCKS = 10
 NEW_TOKENS = 40

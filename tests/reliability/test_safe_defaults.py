@@ -26,21 +26,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app.cli import build_parser, main, server_config
-from app.model_choice import EXAMPLES, ModelChoice
-from app.server import warn_if_unprotected
-from app.settings import DEFAULT_HOST, MediaLimits, ServerConfig, quiet_gradio_defaults
-from llm.errors import ModelLoadError
 from tests.app.live import start_server
 from tests.images import data_url, red_png
 from tests.reliability.checks import assert_openai_error, http, wait_idle
 from tests.reliability.conftest import AUTH
+from vlchat.app.cli import build_parser, main, server_config
+from vlchat.app.model_choice import EXAMPLES, ModelChoice
+from vlchat.app.server import warn_if_unprotected
+from vlchat.app.settings import DEFAULT_HOST, MediaLimits, ServerConfig, quiet_gradio_defaults
+from vlchat.llm.errors import ModelLoadError
 
 REPO = Path(__file__).resolve().parents[2]
 UI_BODY_LIMIT = 1_000_000
 
 
-def test_serve_binds_loopback_unless_told(text_model_dir):
+def test_serve_binds_loopback_unless_told(text_model_dir, tmp_path):
     """`vlchat serve` with no --host listens on 127.0.0.1 only, and opens no connection to anywhere else."""
     assert build_parser().parse_args(["serve"]).host == DEFAULT_HOST == "127.0.0.1" == ServerConfig().host
     assert server_config(build_parser().parse_args(["serve", "--host", "0.0.0.0"])).host == "0.0.0.0"
@@ -48,9 +48,9 @@ def test_serve_binds_loopback_unless_told(text_model_dir):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "GRADIO_ANALYTICS_ENABLED"}  # the app's own default
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", str(text_model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "vlchat.app.cli", "serve", "--model", str(text_model_dir), "--port", str(port),
            "--device", "cpu", "--num-blocks", "32"]  # fmt: skip
-    process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -197,7 +197,7 @@ class _Hostile:
 
 
 def test_pickle_checkpoint_with_code_is_refused(text_model_dir, tmp_path, capsys):
-    from llm import LLM, SamplingParams
+    from vlchat.llm import LLM, SamplingParams
 
     marker = tmp_path / "pwned"
     hostile = _tiny_llama_with_bin(text_model_dir, tmp_path / "hostile", payload={"weights": _Hostile(marker)})
@@ -222,7 +222,7 @@ def test_pickle_checkpoint_with_code_is_refused(text_model_dir, tmp_path, capsys
 
 def test_custom_code_in_a_model_directory_never_runs(text_model_dir, tmp_path):
     """auto_map entries pointing at Python files (trust_remote_code models) are ignored, their code not imported."""
-    from llm import LLM, SamplingParams
+    from vlchat.llm import LLM, SamplingParams
 
     model = tmp_path / "with-code"
     shutil.copytree(text_model_dir, model)

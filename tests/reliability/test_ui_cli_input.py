@@ -16,12 +16,12 @@ import warnings
 import pytest
 from PIL import Image
 
-from app.chat import TerminalChat, run_chat
-from app.cli import main
-from app.settings import MediaLimits, ServerConfig
-from app.ui import make_respond
 from tests.images import animated_gif, encode, odd_modes, png_claiming, red_png
 from tests.reliability.checks import wait_idle
+from vlchat.app.chat import TerminalChat, run_chat
+from vlchat.app.cli import main
+from vlchat.app.settings import MediaLimits, ServerConfig
+from vlchat.app.ui import make_respond
 
 GREEDY = (0.0, 1.0, 6)  # temperature, top-p, max new tokens
 

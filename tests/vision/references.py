@@ -57,8 +57,8 @@ def hf_inputs_for(family: str, prompt, device="cpu") -> dict:
 @torch.no_grad()
 def our_prompt_logits(model, prompt, device="cpu") -> torch.Tensor:
     """Prompt logits [tokens, vocab] of our model over one prefill (images embedded as the runner does)."""
-    from llm.engine.context import use_context
     from tests.llm.paged import PagedCache
+    from vlchat.llm.engine.context import use_context
 
     with torch.device(device):
         blocks = len(prompt.token_ids) // 4 + 2  # PagedCache's blocks hold 4 tokens

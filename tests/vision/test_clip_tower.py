@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import CLIPVisionConfig, CLIPVisionModel, SiglipVisionConfig, SiglipVisionModel
 
-from llm.errors import WeightMismatchError
-from vision.encoders.clip import ClipVisionConfig, ClipVisionTower
+from vlchat.llm.errors import WeightMismatchError
+from vlchat.vision.encoders.clip import ClipVisionConfig, ClipVisionTower
 
 SHAPE = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=28, patch_size=7

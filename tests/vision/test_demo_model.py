@@ -6,11 +6,11 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-from llm import LLM, SamplingParams
 from scripts.demo.build import MODEL_DIR
 from scripts.demo.conversation import CAPABILITIES, answer_color, answer_describe, answer_exists, answer_where
 from scripts.demo.examples import EXAMPLES, EXAMPLES_DIR
 from scripts.demo.shapes import render
+from vlchat.llm import LLM, SamplingParams
 
 MAX_TOKENS = 64
 

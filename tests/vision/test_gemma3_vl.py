@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm import LLM, SamplingParams
 from tests.vision.references import conversations, image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import template
+from vlchat.llm import LLM, SamplingParams
 
 RTOL = 1e-4
 NEW_TOKENS = 8
@@ -80,7 +80,7 @@ def make_tiny_gemma3_vl(out: Path) -> Path:
 def family(tmp_path_factory):
     from transformers import AutoProcessor, Gemma3ForConditionalGeneration
 
-    from llm.weights import load_model
+    from vlchat.llm.weights import load_model
 
     model_dir = make_tiny_gemma3_vl(tmp_path_factory.mktemp("gemma3-vl"))
     processor = AutoProcessor.from_pretrained(model_dir)

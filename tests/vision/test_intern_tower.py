@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import InternVLConfig, InternVLModel
 
-from vision.encoders.intern_vit import InternViT, InternViTConfig, pixel_shuffle
-from vision.projectors import MultiModalProjector
+from vlchat.vision.encoders.intern_vit import InternViT, InternViTConfig, pixel_shuffle
+from vlchat.vision.projectors import MultiModalProjector
 
 
 def _perturb(model):

@@ -4,12 +4,12 @@ import pytest
 import torch
 from transformers import LlavaForConditionalGeneration
 
-from llm.errors import WeightMismatchError
-from llm.weights import load_model
 from tests.images import data_url, encode
 from tests.vision import vlm_checks as checks
 from tests.vision.references import image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_llava
+from vlchat.llm.errors import WeightMismatchError
+from vlchat.llm.weights import load_model
 
 LLAVA = checks.FamilyChecks(LlavaForConditionalGeneration, "llava")
 model_dir, family, llm = checks.module_fixtures(LLAVA, make_tiny_llava)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from llm import LLM, SamplingParams
-from llm.errors import InvalidRequestError
 from scripts.demo.build import MODEL_DIR
 from scripts.demo.examples import EXAMPLES_DIR
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.errors import InvalidRequestError
 
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.png"))
 

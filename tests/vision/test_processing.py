@@ -6,9 +6,9 @@ import pytest
 import torch
 from PIL import Image
 
-from llm.errors import InvalidRequestError
 from tests.images import data_url, red_png
-from vision.processing import content_hash, load_image, place_images, placeholder_runs, split_messages
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.vision.processing import content_hash, load_image, place_images, placeholder_runs, split_messages
 
 
 def test_image_sources_give_the_same_pixels(tmp_path):

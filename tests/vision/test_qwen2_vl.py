@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
-from llm import SamplingParams
-from llm.weights import load_model
 from tests.vision import vlm_checks as checks
 from tests.vision.references import conversations, image, our_prompt_logits, rel_err
 from tests.vision.tiny_vlm import make_tiny_qwen_vl
+from vlchat.llm import SamplingParams
+from vlchat.llm.weights import load_model
 
 
 @pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2-vl", "qwen2.5-vl"])
@@ -93,7 +93,7 @@ def test_tie_follows_transformers_when_the_checkpoint_has_its_own_head(setup, tm
 def test_graph_decode_step_packs_mrope_positions_padded_to_the_bucket(setup):
     # M-RoPE decode rows: the graphs' static positions are [3, bucket] (cuda_graphs.static_inputs); a step of 2
     # image conversations padded to bucket 4 lands there as an eager step sees it, the padded columns zero
-    from llm.engine.cuda_graphs import DecodeGraphs
+    from vlchat.llm.engine.cuda_graphs import DecodeGraphs
 
     llm = setup[2]
     engine, runner = llm.engine, llm.engine.runner

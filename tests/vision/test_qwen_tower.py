@@ -7,7 +7,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
+from vlchat.vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
 
 GRIDS = [[1, 6, 10], [1, 4, 4], [2, 2, 6]]  # odd window remainders, a small image, two frames
 

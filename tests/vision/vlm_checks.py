@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoProcessor
 
-from llm import LLM, SamplingParams
-from llm.engine.sequence import Sequence
-from llm.errors import InvalidRequestError
-from llm.weights import load_model
 from tests.vision.references import conversations, hf_generate, hf_inputs_for, image, our_prompt_logits, rel_err
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.weights import load_model
 
 RTOL = 1e-4
 NEW_TOKENS = 8

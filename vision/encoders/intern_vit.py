@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llm.weights import WeightRule, load_tensors
-from vision.layers import RMSNorm, VisionAttention, mlp, uniform_cu_seqlens
-from vision.weights import FUSED_RULES, drop_layers_rule
+from vlchat.llm.weights import WeightRule, load_tensors
+from vlchat.vision.layers import RMSNorm, VisionAttention, mlp, uniform_cu_seqlens
+from vlchat.vision.weights import FUSED_RULES, drop_layers_rule
 
 
 def _pair(v) -> int:

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llm.weights import WeightRule, load_tensors
-from vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
-from vision.weights import FUSED_RULES, packed_rule
+from vlchat.llm.weights import WeightRule, load_tensors
+from vlchat.vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
+from vlchat.vision.weights import FUSED_RULES, packed_rule
 
 from .qwen_windows import full_cu_seqlens, rotary_positions, window_index
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llm.errors import UnsupportedModelError
-from llm.inputs import MultiModalPrompt
-from llm.models.registry import get_model_class
-from llm.weights import WeightRule, checkpoint_files
-from vision.cuda_graphs import GraphCache, can_graph
-from vision.processing import image_token_id, place_images, run_processor
+from vlchat.llm.errors import UnsupportedModelError
+from vlchat.llm.inputs import MultiModalPrompt
+from vlchat.llm.models.registry import get_model_class
+from vlchat.llm.weights import WeightRule, checkpoint_files
+from vlchat.vision.cuda_graphs import GraphCache, can_graph
+from vlchat.vision.processing import image_token_id, place_images, run_processor
 
 # Text configs inside VLM configs often carry no `architectures`; their model_type names the decoder.
 _DECODERS = {

@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llm.engine.context import get_context
-from llm.layers.attention import Attention
-from llm.weights import WeightRule
-from vision.encoders.clip import ClipVisionConfig, ClipVisionTower
-from vision.models.base import VisionLanguageModel
-from vision.models.llava import LLAVA_LAYOUT, LlavaForConditionalGeneration
+from vlchat.llm.engine.context import get_context
+from vlchat.llm.layers.attention import Attention
+from vlchat.llm.weights import WeightRule
+from vlchat.vision.encoders.clip import ClipVisionConfig, ClipVisionTower
+from vlchat.vision.models.base import VisionLanguageModel
+from vlchat.vision.models.llava import LLAVA_LAYOUT, LlavaForConditionalGeneration
 
 GEMMA3_LAYOUT = [
     *LLAVA_LAYOUT,

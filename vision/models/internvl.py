@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from vision.encoders.intern_vit import InternViT, InternViTConfig, pixel_shuffle
-from vision.models.base import VisionLanguageModel
-from vision.models.llava import LLAVA_LAYOUT
-from vision.processing import image_runs
-from vision.projectors import MultiModalProjector
+from vlchat.vision.encoders.intern_vit import InternViT, InternViTConfig, pixel_shuffle
+from vlchat.vision.models.base import VisionLanguageModel
+from vlchat.vision.models.llava import LLAVA_LAYOUT
+from vlchat.vision.processing import image_runs
+from vlchat.vision.projectors import MultiModalProjector
 
 
 class InternVLForConditionalGeneration(VisionLanguageModel):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from llm.weights import WeightRule
-from vision.encoders.clip import ClipVisionConfig, ClipVisionTower
-from vision.models.base import VisionLanguageModel
-from vision.projectors import MultiModalProjector
+from vlchat.llm.weights import WeightRule
+from vlchat.vision.encoders.clip import ClipVisionConfig, ClipVisionTower
+from vlchat.vision.models.base import VisionLanguageModel
+from vlchat.vision.projectors import MultiModalProjector
 
 # transformers >= 5 writes model.{language_model,vision_tower,multi_modal_projector}.* and lm_head.*;
 # earlier versions language_model.{model,lm_head}.*, vision_tower.vision_model.*, multi_modal_projector.*.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vision.models.llava import LlavaForConditionalGeneration
-from vision.processing import image_runs
+from vlchat.vision.models.llava import LlavaForConditionalGeneration
+from vlchat.vision.processing import image_runs
 
 
 def select_best_resolution(size: tuple[int, int], pinpoints: list) -> tuple[int, int]:

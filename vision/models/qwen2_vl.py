@@ -10,11 +10,11 @@ import functools
 
 import torch
 
-from llm.rope import rope_parameters_from_config
-from llm.weights import WeightRule
-from vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
-from vision.models.base import VisionLanguageModel
-from vision.mrope import MRotaryEmbedding, mrope_positions
+from vlchat.llm.rope import rope_parameters_from_config
+from vlchat.llm.weights import WeightRule
+from vlchat.vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
+from vlchat.vision.models.base import VisionLanguageModel
+from vlchat.vision.mrope import MRotaryEmbedding, mrope_positions
 
 # transformers >= 5 writes model.language_model.*, model.visual.*, lm_head.*; earlier versions
 # model.{layers,embed_tokens,norm}.*, visual.*, lm_head.*.
