@@ -3,6 +3,7 @@ and answers a question about a packaged example image over HTTP and in the termi
 CLI, Hugging Face's `kernels` and the newest transformers."""
 
 import base64
+import importlib
 import importlib.metadata as metadata
 import json
 import os
@@ -13,11 +14,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import kernels
-import llm
 import transformers.activations  # noqa: F401  (imports Hugging Face's kernels from 5.25 on)
 
 import vlchat.app
+
+# the other distributions that own these import names
+kernels = importlib.import_module("kernels")
+llm = importlib.import_module("llm")
 
 site = Path(vlchat.app.__file__).resolve().parents[2]
 assert Path(llm.__file__).resolve().is_relative_to(site) and "vlchat" not in llm.__file__, llm.__file__
@@ -59,8 +62,9 @@ finally:
     server.terminate()
     server.wait(30)
 
+typed = f"/image {image}\nHow many shapes are there?\n/exit\n"
 chat = subprocess.run([bin_dir / "vlchat", "chat", "--device", "cpu", "--temperature", "0"], env=env, text=True,
-                      input=f"/image {image}\nHow many shapes are there?\n/exit\n", capture_output=True, timeout=300)  # fmt: skip
+                      input=typed, capture_output=True, timeout=300)  # fmt: skip
 print("chat printed:", chat.stdout[-300:])
 assert chat.returncode == 0 and "There are three shapes." in chat.stdout, chat.stdout + chat.stderr
 print("wheel check passed")
