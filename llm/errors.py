@@ -75,6 +75,23 @@ class WeightMismatchError(ModelLoadError):
         )
 
 
+class TensorParallelError(ModelLoadError):
+    """The model cannot be split over the requested ranks (heads, vocabulary or MLP width not divisible)."""
+
+
+class WorkerDiedError(VLChatError):
+    """A tensor-parallel worker process exited or failed; the engine has stopped and must be restarted."""
+
+    http_status = 503
+
+    def __init__(self, rank: int, detail: str) -> None:
+        self.rank = rank
+        super().__init__(
+            f"tensor-parallel worker rank {rank} stopped ({detail}); the engine has shut down its workers: "
+            "restart the server (see the worker's log above for the cause)"
+        )
+
+
 class EngineOverloadedError(VLChatError):
     """The engine cannot accept more requests right now; retry later."""
 

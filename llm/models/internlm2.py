@@ -12,13 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlchat.llm.layers.linear import copy_weight
 from vlchat.llm.models.llama import LlamaForCausalLM
 from vlchat.llm.weights import ALL_SHARDS, WeightRule
 
 
-def unpack_wqkv(param: nn.Parameter, packed: torch.Tensor, num_kv_heads: int, head_dim: int) -> None:
-    """Reorder InternLM2's grouped `wqkv` rows (weight or bias) into our [q heads | k heads | v heads]."""
+def unpack_wqkv(packed: torch.Tensor, num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """InternLM2's grouped `wqkv` rows (weight or bias) -> the (q, k, v) pieces, each heads in order."""
     rows = packed.shape[0]
     group = rows // (num_kv_heads * head_dim) - 2  # query heads per KV head
     if group < 1 or rows != num_kv_heads * (group + 2) * head_dim:
@@ -27,7 +26,13 @@ def unpack_wqkv(param: nn.Parameter, packed: torch.Tensor, num_kv_heads: int, he
     q = grouped[:, :group].reshape(-1, *packed.shape[1:])
     k = grouped[:, group].reshape(-1, *packed.shape[1:])
     v = grouped[:, group + 1].reshape(-1, *packed.shape[1:])
-    copy_weight(param, torch.cat([q, k, v], dim=0), "of wqkv")
+    return q, k, v
+
+
+def load_wqkv(param: nn.Parameter, packed: torch.Tensor, num_kv_heads: int, head_dim: int) -> None:
+    """Fill the fused q/k/v parameter (this rank's heads of it) from a packed `wqkv` tensor."""
+    for piece, tensor in zip("qkv", unpack_wqkv(packed, num_kv_heads, head_dim), strict=True):
+        param.weight_loader(param, tensor, piece)
 
 
 class InternLM2ForCausalLM(LlamaForCausalLM):
@@ -42,12 +47,12 @@ class InternLM2ForCausalLM(LlamaForCausalLM):
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         head_dim = hf_config.hidden_size // num_heads
 
-        def load_wqkv(param, packed):
-            unpack_wqkv(param, packed, num_kv_heads, head_dim)
+        def load(param, packed):
+            load_wqkv(param, packed, num_kv_heads, head_dim)
 
         return [
             WeightRule(r"(^|\.)tok_embeddings\.", r"\1embed_tokens."),
-            WeightRule(r"\.attention\.wqkv\.", ".self_attn.qkv_proj.", shard=ALL_SHARDS, loader=load_wqkv),
+            WeightRule(r"\.attention\.wqkv\.", ".self_attn.qkv_proj.", shard=ALL_SHARDS, loader=load),
             WeightRule(r"\.attention\.wo\.", ".self_attn.o_proj."),
             WeightRule(r"\.feed_forward\.w1\.", ".mlp.gate_up_proj.", shard=0),
             WeightRule(r"\.feed_forward\.w3\.", ".mlp.gate_up_proj.", shard=1),

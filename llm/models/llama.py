@@ -5,6 +5,11 @@ The decoder is written once here with the switches other families need
 tied embeddings). Qwen2, Qwen3 and InternLM2 subclass `LlamaForCausalLM` and only
 say how their config maps onto the spec and how their checkpoint names map onto
 ours (`weight_mapping`).
+
+Under tensor parallelism (`spec.tp`, llm/parallel.py) the decoder is Megatron's:
+q/k/v and gate/up column-parallel, o and down row-parallel (one all-reduce each),
+embedding and head vocab-parallel; the norms are replicated, and each rank's
+`Attention` sees its own query and KV heads.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from vlchat.llm.errors import ModelLoadError
 from vlchat.llm.layers.activation import get_act_and_mul
 from vlchat.llm.layers.attention import Attention
 from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
-from vlchat.llm.layers.linear import Linear, MergedLinear, QKVLinear
+from vlchat.llm.layers.linear import MergedLinear, QKVLinear, RowParallelLinear
 from vlchat.llm.layers.norm import RMSNorm
+from vlchat.llm.parallel import SINGLE, TPGroup, tp_group
 from vlchat.llm.rope import get_rope, max_model_len_from_config, rope_parameters_from_config
 from vlchat.llm.weights import WeightRule
 
@@ -49,6 +55,7 @@ class DecoderSpec:
     attn_scale: float = 0.0  # 0 = head_dim ** -0.5
     attn_softcap: float = 0.0  # > 0: scores capped with softcap * tanh(score / softcap)
     norm_weight_offset: float = 0.0  # 1.0: Gemma's (1 + weight) RMSNorms
+    tp: TPGroup = SINGLE  # this process's tensor-parallel rank and group size
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -102,15 +109,17 @@ def decoder_weight_rules(tied_head: bool, extra: list[WeightRule] = ()) -> list[
 class LlamaAttention(nn.Module):
     def __init__(self, spec: DecoderSpec, layer_idx: int, rotary_emb: nn.Module) -> None:
         super().__init__()
-        self.q_size = spec.num_heads * spec.head_dim
-        self.qkv_proj = QKVLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias)
-        self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias)
+        self.qkv_proj = QKVLinear(
+            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias, spec.tp
+        )  # this rank's heads
+        self.q_size = self.qkv_proj.q_size
+        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias, spec.tp)
         norm_args = (spec.head_dim, spec.rms_norm_eps, spec.norm_weight_offset)
         self.q_norm = RMSNorm(*norm_args) if spec.qk_norm else None
         self.k_norm = RMSNorm(*norm_args) if spec.qk_norm else None
         self.rotary_emb = rotary_emb
         self.attn = Attention(
-            spec.num_heads, spec.head_dim, spec.attn_scale, spec.num_kv_heads,
+            self.qkv_proj.num_heads, spec.head_dim, spec.attn_scale, self.qkv_proj.num_kv_heads,
             spec.sliding_windows[layer_idx], spec.attn_softcap,
         )  # fmt: skip
 
@@ -128,12 +137,12 @@ class LlamaMLP(nn.Module):
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
         inter = spec.intermediate_size
-        self.gate_up_proj = MergedLinear(spec.hidden_size, [inter, inter], spec.mlp_bias)
+        self.gate_up_proj = MergedLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, spec.tp)
         self.act_fn = get_act_and_mul(spec.hidden_act)
-        self.down_proj = Linear(inter, spec.hidden_size, spec.mlp_bias)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, spec.mlp_bias, spec.tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [tokens, hidden] -> [tokens, 2 * inter] -> [tokens, inter] -> [tokens, hidden]
+        # x: [tokens, hidden] -> [tokens, 2 * inter / tp] -> [tokens, inter / tp] -> [tokens, hidden]
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
@@ -160,7 +169,7 @@ class LlamaModel(nn.Module):
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype) -> None:
         super().__init__()
         rotary_emb = get_rope(spec.head_dim, spec.rotary_dim, spec.max_position, spec.rope_parameters, dtype)
-        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp=spec.tp)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i, rotary_emb) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_weight_offset)
 
@@ -180,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec = self.spec_from_config(hf_config)
         self.model = LlamaModel(self.spec, dtype)
-        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size)
+        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, tp=self.spec.tp)
         if self.spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
         self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings, self.checkpoint_rules(hf_config))
@@ -206,6 +215,7 @@ class LlamaForCausalLM(nn.Module):
             o_bias=bool(_cfg(hf_config, "attention_bias", default=False)),
             mlp_bias=bool(_cfg(hf_config, "mlp_bias", default=False)),
             tie_word_embeddings=bool(_cfg(hf_config, "tie_word_embeddings", default=False)),
+            tp=tp_group(),
         )
         fields.update(cls.spec_overrides(hf_config))
         return DecoderSpec(**fields)
