@@ -67,9 +67,10 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 def all_gather(x: torch.Tensor, size: int) -> torch.Tensor:
     """x: [rows, n] on each of `size` ranks -> [rows, size * n], rank r's columns at [r * n, (r + 1) * n)."""
-    out = torch.empty((size, *x.shape), dtype=x.dtype, device=x.device)  # [size, rows, n]
-    dist.all_gather_into_tensor(out, x.contiguous())
-    return out.permute(1, 0, 2).reshape(x.shape[0], size * x.shape[1])
+    rows, n = x.shape
+    out = torch.empty((size * rows, n), dtype=x.dtype, device=x.device)  # the ranks' blocks of rows, in rank order
+    dist.all_gather_single(out, x.contiguous())
+    return out.view(size, rows, n).permute(1, 0, 2).reshape(rows, size * n)
 
 
 def agree_min(value: int, device: torch.device) -> int:
