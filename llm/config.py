@@ -111,6 +111,12 @@ class EngineConfig:
             None keeps the process's setting (VLCHAT_KERNEL_BACKEND, default auto).
         seed: seeds the engine's generator used by unseeded sampling requests.
         served_model_name: the name the API reports (default: the directory name).
+        tensor_parallel_size: shard the decoder over this many worker processes, one per GPU
+            (llm/engine/workers.py, docs/TENSOR_PARALLEL.md); 1 runs the model in this process.
+        tp_listen: "HOST:PORT" where the engine waits for workers started elsewhere (torchrun over
+            several machines) instead of starting them here; needs tp_authkey.
+        tp_authkey: hex key the workers prove they hold (the variable VLCHAT_TP_AUTHKEY of workers
+            started elsewhere); a random one for workers started here.
     """
 
     model: str
@@ -123,6 +129,9 @@ class EngineConfig:
     kernel_backend: str | None = None
     seed: int = 0
     served_model_name: str | None = None
+    tensor_parallel_size: int = 1
+    tp_listen: str | None = None
+    tp_authkey: str | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -136,6 +145,17 @@ class EngineConfig:
                f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")  # fmt: skip
         _check(self.max_model_len is None or self.max_model_len >= 1,
                f"max_model_len must be >= 1, got {self.max_model_len}")  # fmt: skip
+        _check(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tp_listen is not None:
+            host, sep, port = self.tp_listen.rpartition(":")
+            _check(bool(sep and host and port.isdigit()), f"tp_listen must be HOST:PORT, got {self.tp_listen!r}")
+            _check(self.tensor_parallel_size > 1, "tp_listen needs tensor_parallel_size > 1")
+            _check(self.tp_authkey is not None, "tp_listen needs tp_authkey (VLCHAT_TP_AUTHKEY), the workers' key")
+        if self.tp_authkey is not None:
+            try:
+                bytes.fromhex(self.tp_authkey)
+            except ValueError:
+                raise InvalidRequestError("tp_authkey must be hex digits (e.g. from `openssl rand -hex 16`)") from None
         self.tokenizer = os.fspath(self.tokenizer) if self.tokenizer else self.model
         if self.served_model_name is None:
             self.served_model_name = os.path.basename(os.path.normpath(self.model))

@@ -52,8 +52,15 @@ class LLMEngine:
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
             sched.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
-        self.runner = ModelRunner(config, self.hf_config, self.max_model_len, self.eos_token_ids)
-        self.model_cls = type(self.runner.model)
+        if config.tensor_parallel_size > 1:
+            from vlchat.llm.engine.workers import WorkerGroup
+            from vlchat.llm.models.registry import get_model_class
+
+            model_cls = get_model_class(self.hf_config)
+            self.runner = WorkerGroup(config, self.max_model_len, self.eos_token_ids, model_cls)
+        else:
+            self.runner = ModelRunner(config, self.hf_config, self.max_model_len, self.eos_token_ids)
+        self.model_cls = self.runner.model_cls
         if config.cache.enable_prefix_caching and self.runner.rope_tracks_length:
             # Dynamic NTK / longrope rotate keys by the longest sequence seen when they were written:
             # a cached block holds keys rotated for another request's length, so it is not reused.
@@ -61,7 +68,7 @@ class LLMEngine:
             config.cache.enable_prefix_caching = False
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
-            run_blocks_for(self.runner.kv_caches[0][0][0].nbytes),
+            run_blocks_for(self.runner.block_nbytes),
         )  # fmt: skip
         if sched.prefill_delay_steps is None:  # hold prefills only where decode steps are cheap graph replays
             sched.prefill_delay_steps = GRAPH_PREFILL_DELAY_STEPS if self.runner.graphs else 0

@@ -26,6 +26,7 @@ from vlchat.llm.engine.transfer import Packed, padded_rows, round_up, to_device
 from vlchat.llm.errors import InvalidRequestError, ModelLoadError
 from vlchat.llm.inputs import MultiModalPrompt
 from vlchat.llm.layers.attention import Attention
+from vlchat.llm.parallel import agree_min
 from vlchat.llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.weights import load_model, resolve_dtype
@@ -76,6 +77,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = max_model_len
         self.model = load_model(config.model, self.dtype, self.device, progress=False, hf_config=hf_config)
+        self.model_cls = type(self.model)
         extend_rope_tables(self.model, max_model_len)  # an override may exceed the config's length
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -91,6 +93,7 @@ class ModelRunner:
             self._warm_up(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs)
         self.num_blocks = self._num_blocks(config)
         self._allocate_kv_cache()
+        self.block_nbytes = self.kv_caches[0][0][0].nbytes  # one block of one layer's keys
         self.max_blocks = math.ceil(max_model_len / self.block_size)
         self.buckets = batch_buckets(min(config.scheduler.max_num_seqs, 512))
         self.context_buckets = context_buckets(max_model_len)
@@ -162,6 +165,8 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     def _num_blocks(self, config: EngineConfig) -> int:
+        """The KV pool's size in blocks: the configured count, else what memory allows (under tensor parallelism
+        each rank holds its heads' share of every block, and all ranks take the smallest rank's count)."""
         if config.cache.num_blocks is not None:
             return config.cache.num_blocks
         if self.device.type == "cuda":
@@ -171,7 +176,7 @@ class ModelRunner:
             budget = free * config.cache.cache_fraction - activation_peak
         else:
             budget = config.cache.cpu_cache_gb * 1e9
-        num_blocks = int(budget // self.block_bytes())
+        num_blocks = agree_min(int(budget // self.block_bytes()), self.device)
         if num_blocks < 1:
             raise ModelLoadError(
                 "no memory is left for the KV cache after loading the model; raise cache_fraction, "

@@ -155,6 +155,10 @@ class PendingSample:
         else:
             self._host = device_parts
 
+    def done(self) -> bool:
+        """The tokens (and logprobs) are on the host: `result()` will not wait."""
+        return self._event is None or self._event.query()
+
     def result(self) -> SamplerOutput:
         if self.tokens is None:
             return SamplerOutput([], [])

@@ -1,0 +1,216 @@
+"""The scheduler's side of tensor parallelism: N worker processes that run each step together.
+
+`WorkerGroup` stands where a `ModelRunner` stands in the engine (same `launch`,
+`num_blocks`, `graphs`...). It listens on a TCP address; workers connect to it,
+either processes it starts here (`python -m vlchat.llm.engine.worker`, with the
+variables torchrun would set) or processes torchrun started on other machines
+(`EngineConfig.tp_listen`). Each step is one pickled `StepMessage` sent to every
+worker; rank 0 answers with the sampled tokens, in step order.
+
+Failure: while the scheduler waits it watches every worker's connection. A worker
+that exits closes its connection, and one that fails sends its error first; either
+way `WorkerDiedError` (or the worker's own typed error, e.g. TensorParallelError at
+load) is raised, the workers started here are killed (the others may be blocked in
+a collective) and every later call raises the same error at once: no hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+
+import torch
+
+from vlchat.llm.config import EngineConfig
+from vlchat.llm.engine.sampler import SamplerOutput
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.engine.step_message import RunnerInfo, StepEncoder
+from vlchat.llm.errors import TensorParallelError, VLChatError, WorkerDiedError
+
+logger = logging.getLogger(__name__)
+
+ACCEPT_POLL_S = 0.5
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class RemotePending:
+    """A launched step's tokens, which rank 0 sends when they are ready (the engine's PendingSample)."""
+
+    def __init__(self, group: WorkerGroup, step: int) -> None:
+        self.group, self.step = group, step
+
+    def result(self) -> SamplerOutput:
+        return self.group.tokens_of(self.step)
+
+
+class WorkerGroup:
+    def __init__(self, config: EngineConfig, max_model_len: int, eos_token_ids: list[int], model_cls: type) -> None:
+        self.world_size = config.tensor_parallel_size
+        self.model_cls = model_cls
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        self.error: VLChatError | None = None
+        self._encoder = StepEncoder()
+        self._launched = 0
+        self._answered = 0
+        self._replies: dict[int, SamplerOutput] = {}
+        host, port = config.tp_listen.rsplit(":", 1) if config.tp_listen else ("127.0.0.1", "0")
+        authkey = bytes.fromhex(config.tp_authkey) if config.tp_authkey else secrets.token_bytes(16)
+        server = socket.create_server((host, int(port)))
+        server.settimeout(ACCEPT_POLL_S)
+        try:
+            if config.tp_listen is None:
+                self._spawn(server.getsockname()[1], authkey)
+            else:
+                logger.info("waiting for %d tensor-parallel workers at %s", self.world_size, config.tp_listen)
+            start = dataclasses.replace(config, model=os.path.abspath(config.model),
+                                        tokenizer=os.path.abspath(config.tokenizer))  # fmt: skip
+            self._accept(server, authkey, pickle.dumps((start, max_model_len, eos_token_ids)))
+            infos = [self._receive(rank, "ready") for rank in range(self.world_size)]
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            server.close()
+        info: RunnerInfo = infos[0]
+        self.device = torch.device(info.device_type)
+        self.dtype = info.dtype
+        self.num_blocks = info.num_blocks
+        self.block_nbytes = info.block_nbytes
+        self.graphs = info.graphs or None
+        self.rope_tracks_length = info.rope_tracks_length
+
+    # -- start --------------------------------------------------------------
+
+    def _spawn(self, port: int, authkey: bytes) -> None:
+        env = dict(os.environ)
+        env.update(WORLD_SIZE=str(self.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port("127.0.0.1")),
+                   VLCHAT_TP_AUTHKEY=authkey.hex())  # fmt: skip
+        env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (docs/TENSOR_PARALLEL.md)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))
+        cmd = [sys.executable, "-m", "vlchat.llm.engine.worker", "--connect", f"127.0.0.1:{port}"]
+        for rank in range(self.world_size):
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+            # started outside the source tree: its kernels/ folder must not shadow the installed package
+            self.procs.append(subprocess.Popen(cmd, env=dict(env), cwd=tempfile.gettempdir()))
+
+    def _accept(self, server: socket.socket, authkey: bytes, start: bytes) -> None:
+        by_rank: dict[int, Connection] = {}
+        devices: dict[int, str] = {}
+        pending: list[Connection] = []
+        while len(pending) < self.world_size:
+            try:
+                sock, _ = server.accept()
+            except TimeoutError:
+                for rank, proc in enumerate(self.procs):
+                    if proc.poll() is not None:
+                        raise WorkerDiedError(rank, f"exited with code {proc.returncode} before connecting") from None
+                continue
+            sock.settimeout(None)
+            conn = Connection(sock.detach())
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+            conn.send_bytes(start)
+            pending.append(conn)
+        self.conns = pending
+        for conn in pending:
+            _, rank, host, device = self._expect(conn, None, "hello")
+            if not 0 <= rank < self.world_size or rank in by_rank:
+                raise TensorParallelError(f"a worker says it is rank {rank} of {self.world_size}; check RANK")
+            by_rank[rank], devices[rank] = conn, f"{device} on {host}"
+        self.conns = [by_rank[r] for r in range(self.world_size)]
+        if len({d.split(" on ")[0] for d in devices.values()}) > 1:
+            listing = ", ".join(f"rank {r}: {d}" for r, d in sorted(devices.items()))
+            raise TensorParallelError(f"tensor-parallel ranks must run on the same GPU model; got {listing}")
+
+    # -- messages -----------------------------------------------------------
+
+    def _expect(self, conn: Connection, rank: int | None, kind: str):
+        """The next message of `conn`, which must be of `kind`; a worker's error or exit raises."""
+        while True:
+            ready = wait(self.conns)
+            for other in ready:
+                if other is not conn:  # only rank 0 speaks unasked: anything else is an error or an exit
+                    self._fail(self.conns.index(other), other)
+            if conn in ready:
+                break
+        message = self._recv(conn, rank)
+        if message[0] != kind:
+            self._fail(rank, conn, message)
+        return message
+
+    def _recv(self, conn: Connection, rank: int | None):
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            self._fail(rank, conn, None)
+
+    def _fail(self, rank: int | None, conn: Connection, message=None) -> None:
+        if message is None:
+            try:
+                message = conn.recv() if conn.poll() else None
+            except (EOFError, OSError):
+                message = None
+        rank = self.conns.index(conn) if rank is None and conn in self.conns else (rank or 0)
+        if message is not None and message[0] == "error":
+            _, exc, detail = message
+            error = exc if isinstance(exc, VLChatError) else WorkerDiedError(rank, detail.strip().splitlines()[-1])
+        else:
+            error = WorkerDiedError(rank, "its process exited or its connection closed")
+        self.error = error
+        self.close()
+        raise error
+
+    def _receive(self, rank: int, kind: str):
+        return self._expect(self.conns[rank], rank, kind)[1]
+
+    # -- steps --------------------------------------------------------------
+
+    def launch(self, seqs: list[Sequence]) -> RemotePending:
+        if self.error is not None:
+            raise self.error
+        payload = pickle.dumps(self._encoder.encode(seqs))
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(payload)
+            except OSError:
+                self._fail(rank, conn)
+        self._launched += 1
+        return RemotePending(self, self._launched - 1)
+
+    def tokens_of(self, step: int) -> SamplerOutput:
+        while step not in self._replies:
+            if self.error is not None:
+                raise self.error
+            self._replies[self._answered] = self._receive(0, "tokens")
+            self._answered += 1
+        return self._replies.pop(step)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+                conn.close()
+            except OSError:
+                pass
+        self.conns = []
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10 if self.error is None else 0.5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = []
