@@ -52,6 +52,17 @@ class TPGroup:
 SINGLE = TPGroup()
 
 
+def check_shardable(hf_config, size: int) -> None:
+    """Raise TensorParallelError now, before any worker starts, when the decoder's heads or MLP do not split
+    over `size` ranks (every rank's layers check again as they are built)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    group = TPGroup(0, size)
+    heads = text.num_attention_heads
+    group.split(heads, "num_attention_heads")
+    group.kv_heads(getattr(text, "num_key_value_heads", None) or heads)
+    group.split(text.intermediate_size, "intermediate_size")
+
+
 def tp_group() -> TPGroup:
     """This process's place in the default process group (rank 0 of 1 when none is set up)."""
     if dist.is_available() and dist.is_initialized():

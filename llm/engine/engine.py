@@ -55,8 +55,10 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             from vlchat.llm.engine.workers import WorkerGroup
             from vlchat.llm.models.registry import get_model_class
+            from vlchat.llm.parallel import check_shardable
 
             model_cls = get_model_class(self.hf_config)
+            check_shardable(self.hf_config, config.tensor_parallel_size)
             self.runner = WorkerGroup(config, self.max_model_len, self.eos_token_ids, model_cls)
         else:
             self.runner = ModelRunner(config, self.hf_config, self.max_model_len, self.eos_token_ids)

@@ -79,7 +79,7 @@ class WorkerGroup:
             start = dataclasses.replace(config, model=os.path.abspath(config.model),
                                         tokenizer=os.path.abspath(config.tokenizer))  # fmt: skip
             self._accept(server, authkey, pickle.dumps((start, max_model_len, eos_token_ids)))
-            infos = [self._receive(rank, "ready") for rank in range(self.world_size)]
+            infos = [info for _, info in self._gather("ready")]
         except BaseException:
             self.close()
             raise
@@ -108,10 +108,8 @@ class WorkerGroup:
             self.procs.append(subprocess.Popen(cmd, env=dict(env), cwd=tempfile.gettempdir()))
 
     def _accept(self, server: socket.socket, authkey: bytes, start: bytes) -> None:
-        by_rank: dict[int, Connection] = {}
-        devices: dict[int, str] = {}
-        pending: list[Connection] = []
-        while len(pending) < self.world_size:
+        accepted: list[Connection] = []
+        while len(accepted) < self.world_size:
             try:
                 sock, _ = server.accept()
             except TimeoutError:
@@ -124,58 +122,48 @@ class WorkerGroup:
             deliver_challenge(conn, authkey)
             answer_challenge(conn, authkey)
             conn.send_bytes(start)
-            pending.append(conn)
-        self.conns = pending
-        for conn in pending:
-            _, rank, host, device = self._expect(conn, None, "hello")
-            if not 0 <= rank < self.world_size or rank in by_rank:
-                raise TensorParallelError(f"a worker says it is rank {rank} of {self.world_size}; check RANK")
-            by_rank[rank], devices[rank] = conn, f"{device} on {host}"
-        self.conns = [by_rank[r] for r in range(self.world_size)]
-        if len({d.split(" on ")[0] for d in devices.values()}) > 1:
+            accepted.append(conn)
+        self.conns = accepted  # in the order they connected until their hellos say their ranks
+        hellos = self._gather("hello")
+        ranks = sorted(rank for _, rank, _, _ in hellos)
+        if ranks != list(range(self.world_size)):
+            raise TensorParallelError(f"the workers say they are ranks {ranks} of {self.world_size}; check RANK")
+        self.conns = [conn for _, conn in sorted(zip([h[1] for h in hellos], accepted, strict=True))]
+        devices = {rank: f"{device} on {host}" for _, rank, host, device in hellos}
+        if len({device for _, _, _, device in hellos}) > 1:
             listing = ", ".join(f"rank {r}: {d}" for r, d in sorted(devices.items()))
             raise TensorParallelError(f"tensor-parallel ranks must run on the same GPU model; got {listing}")
 
     # -- messages -----------------------------------------------------------
 
-    def _expect(self, conn: Connection, rank: int | None, kind: str):
-        """The next message of `conn`, which must be of `kind`; a worker's error or exit raises."""
-        while True:
-            ready = wait(self.conns)
-            for other in ready:
-                if other is not conn:  # only rank 0 speaks unasked: anything else is an error or an exit
-                    self._fail(self.conns.index(other), other)
-            if conn in ready:
-                break
-        message = self._recv(conn, rank)
-        if message[0] != kind:
-            self._fail(rank, conn, message)
+    def _gather(self, kind: str) -> list:
+        """One message of `kind` from every worker, in the order of self.conns."""
+        got: dict[int, object] = {}
+        while len(got) < len(self.conns):
+            for conn in wait([c for i, c in enumerate(self.conns) if i not in got]):
+                i = self.conns.index(conn)
+                got[i] = self._recv(i, kind)[1:]
+        return [(kind, *got[i]) for i in range(len(self.conns))]
+
+    def _recv(self, i: int, kind: str):
+        """The next message of worker i, which must be of `kind`; an error it sent, or its exit, raises."""
+        try:
+            message = self.conns[i].recv()
+        except (EOFError, OSError):
+            message = None
+        if message is None or message[0] != kind:
+            self._fail(i, message)
         return message
 
-    def _recv(self, conn: Connection, rank: int | None):
-        try:
-            return conn.recv()
-        except (EOFError, OSError):
-            self._fail(rank, conn, None)
-
-    def _fail(self, rank: int | None, conn: Connection, message=None) -> None:
-        if message is None:
-            try:
-                message = conn.recv() if conn.poll() else None
-            except (EOFError, OSError):
-                message = None
-        rank = self.conns.index(conn) if rank is None and conn in self.conns else (rank or 0)
+    def _fail(self, i: int, message) -> None:
         if message is not None and message[0] == "error":
             _, exc, detail = message
-            error = exc if isinstance(exc, VLChatError) else WorkerDiedError(rank, detail.strip().splitlines()[-1])
+            error = exc if isinstance(exc, VLChatError) else WorkerDiedError(i, detail.strip().splitlines()[-1])
         else:
-            error = WorkerDiedError(rank, "its process exited or its connection closed")
+            error = WorkerDiedError(i, "its process exited or its connection closed")
         self.error = error
         self.close()
         raise error
-
-    def _receive(self, rank: int, kind: str):
-        return self._expect(self.conns[rank], rank, kind)[1]
 
     # -- steps --------------------------------------------------------------
 
@@ -187,7 +175,7 @@ class WorkerGroup:
             try:
                 conn.send_bytes(payload)
             except OSError:
-                self._fail(rank, conn)
+                self._fail(rank, None)
         self._launched += 1
         return RemotePending(self, self._launched - 1)
 
@@ -195,8 +183,13 @@ class WorkerGroup:
         while step not in self._replies:
             if self.error is not None:
                 raise self.error
-            self._replies[self._answered] = self._receive(0, "tokens")
-            self._answered += 1
+            for conn in wait(self.conns):  # only rank 0 speaks unasked: anything else is an error or an exit
+                rank = self.conns.index(conn)
+                message = self._recv(rank, "tokens" if rank == 0 else "error")
+                if rank != 0:
+                    self._fail(rank, message)
+                self._replies[self._answered] = message[1]
+                self._answered += 1
         return self._replies.pop(step)
 
     def close(self) -> None:

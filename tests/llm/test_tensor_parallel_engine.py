@@ -1,0 +1,95 @@
+"""The engine with tensor_parallel_size > 1 (worker processes on gloo, fp32 CPU) against the same engine in one process.
+
+Greedy tokens must be identical and the top-5 logprobs of every generated token within 1e-4,
+through the whole engine: scheduler, step messages, worker mirrors, paged KV pools per rank,
+a KV pool small enough that sequences are preempted and recomputed (their block tables
+replaced), and a VLM whose replicated vision tower feeds the sharded decoder (tp=4 over a
+decoder with 2 KV heads: each KV head on two ranks). Then the failure paths: head counts
+that do not split are refused before any worker starts, and a killed worker makes the next
+step raise WorkerDiedError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.images import encode
+from tests.llm.tiny import make_tiny_llama
+from tests.vision.references import image
+from tests.vision.tiny_vlm import make_tiny_llava
+from vlchat.llm import LLM, SamplingParams
+from vlchat.llm.engine.sequence import Sequence
+from vlchat.llm.errors import TensorParallelError, WorkerDiedError
+
+ATOL = 1e-4
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+TEXT_PROMPTS = ["Hello world", "The quick brown fox jumps", "Once upon a time there was", "0123456789 + - *"]
+ENGINE = dict(device="cpu", num_blocks=12, block_size=4, max_num_seqs=4)  # small enough that a sequence is preempted
+
+
+def _generate(model_dir, prompts, tp: int):
+    llm = LLM(str(model_dir), tensor_parallel_size=tp, **ENGINE)
+    try:
+        return llm.generate(prompts, PARAMS)
+    finally:
+        llm.close()
+
+
+def _assert_same(got, expected) -> None:
+    for g, e in zip(got, expected, strict=True):
+        assert list(g.token_ids) == list(e.token_ids)
+        for step_g, step_e in zip(g.outputs[0].logprobs, e.outputs[0].logprobs, strict=True):
+            assert step_g.keys() == step_e.keys()
+            assert max(abs(step_g[t] - step_e[t]) for t in step_e) < ATOL
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tp-llama"))
+
+
+@pytest.fixture(scope="module")
+def text_llm(llama_dir):
+    llm = LLM(str(llama_dir), tensor_parallel_size=2, **ENGINE)
+    yield llm
+    llm.close()
+
+
+def test_text_tp2_matches_one_process(llama_dir, text_llm, monkeypatch):
+    expected = _generate(llama_dir, TEXT_PROMPTS, tp=1)
+    preempted = []
+    recompute = Sequence.reset_for_recompute
+    monkeypatch.setattr(Sequence, "reset_for_recompute", lambda seq: (preempted.append(seq), recompute(seq)))
+    _assert_same(text_llm.generate(TEXT_PROMPTS, PARAMS), expected)
+    assert preempted  # a sequence's block table was replaced and sent whole
+    _assert_same(text_llm.generate(TEXT_PROMPTS[::-1], PARAMS), expected[::-1])  # the workers dropped the finished
+
+
+def test_vlm_tp4_matches_one_process(tmp_path_factory):
+    model_dir = make_tiny_llava(tmp_path_factory.mktemp("tp-llava"))
+    question = {"type": "text", "text": "What is this?"}
+    prompts = [
+        [{"role": "user", "content": [{"type": "image", "image": encode(image(1))}, question]}],
+        [{"role": "user", "content": "Describe the picture, please."}],
+        [{"role": "user", "content": [{"type": "image", "image": encode(image(2))}, question]}],
+    ]
+    _assert_same(_generate(model_dir, prompts, tp=4), _generate(model_dir, prompts, tp=1))
+
+
+def test_heads_that_do_not_split_are_refused_before_workers_start(llama_dir):
+    with pytest.raises(TensorParallelError, match="num_attention_heads=4 is not divisible by tensor_parallel_size=3"):
+        LLM(str(llama_dir), tensor_parallel_size=3, **ENGINE)
+
+
+@pytest.mark.timeout(120)  # guards the property under test: a dead worker must not leave the engine waiting
+def test_killed_worker_stops_the_engine(text_llm):
+    """Runs last in this module: it stops the shared engine."""
+    os.kill(text_llm.engine.runner.procs[1].pid, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match="rank 1"):
+        text_llm.generate(TEXT_PROMPTS, PARAMS)
+    with pytest.raises(WorkerDiedError):  # every later call fails at once
+        text_llm.generate(TEXT_PROMPTS[:1], PARAMS)
+    assert all(p.poll() is not None for p in text_llm.engine.runner.procs) or not text_llm.engine.runner.procs
