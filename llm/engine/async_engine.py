@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 from vlchat.llm.config import EngineConfig
 from vlchat.llm.engine.engine import LLMEngine
-from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.errors import InvalidRequestError, WorkerDiedError
 from vlchat.llm.outputs import RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 
@@ -77,6 +77,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._closed = False
+        self._failed: WorkerDiedError | None = None  # the engine cannot step any more (a tensor-parallel worker died)
         self._thread = threading.Thread(target=self._loop, name="vlchat-engine", daemon=True)
         self._thread.start()
 
@@ -109,6 +110,11 @@ class AsyncEngine:
     def num_free_blocks(self) -> int:
         return self.engine.num_free_blocks()
 
+    @property
+    def errored(self) -> bool:
+        """The engine has stopped for good (GET /health answers 503); every request fails with the reason."""
+        return self._failed is not None
+
     # -- requests -----------------------------------------------------------
 
     async def generate(
@@ -124,6 +130,8 @@ class AsyncEngine:
         `stream=False`: only the final output comes; the engine builds no output for it before, and without stop
         strings detokenizes its tokens every 32 steps instead of every step (llm/engine/request.Completion).
         """
+        if self._failed is not None:
+            raise self._failed
         if self._closed:
             raise RuntimeError("the engine is shut down")
         if request_id in self._streams:
@@ -210,8 +218,11 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving new ones
                 logger.exception("engine step failed; aborting the running requests")
+                if isinstance(e, WorkerDiedError):  # no step can run any more: later requests fail at once
+                    self._failed = e
+                failure = e if self._failed is not None else RuntimeError(f"the engine failed while generating: {e}")
                 for request_id in list(self.engine.requests):
                     self.engine.abort(request_id)
-                    self._deliver(request_id, RuntimeError(f"the engine failed while generating: {e}"))
+                    self._deliver(request_id, failure)
                 continue
             deliver(self._streams, [(out.request_id, out) for out in outputs])

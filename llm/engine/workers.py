@@ -38,6 +38,11 @@ from vlchat.llm.errors import TensorParallelError, VLChatError, WorkerDiedError
 logger = logging.getLogger(__name__)
 
 ACCEPT_POLL_S = 0.5
+_CLOSED = object()  # a worker's connection closed: its process exited
+
+
+def _exit_reason(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
 def _free_port(host: str) -> int:
@@ -115,7 +120,7 @@ class WorkerGroup:
             except TimeoutError:
                 for rank, proc in enumerate(self.procs):
                     if proc.poll() is not None:
-                        raise WorkerDiedError(rank, f"exited with code {proc.returncode} before connecting") from None
+                        raise WorkerDiedError(rank, _exit_reason(proc.returncode) + " before connecting") from None
                 continue
             sock.settimeout(None)
             conn = Connection(sock.detach())
@@ -150,20 +155,36 @@ class WorkerGroup:
         try:
             message = self.conns[i].recv()
         except (EOFError, OSError):
-            message = None
-        if message is None or message[0] != kind:
+            message = _CLOSED
+        if message is _CLOSED or message[0] != kind:
             self._fail(i, message)
         return message
 
     def _fail(self, i: int, message) -> None:
-        if message is not None and message[0] == "error":
-            _, exc, detail = message
-            error = exc if isinstance(exc, VLChatError) else WorkerDiedError(i, detail.strip().splitlines()[-1])
+        """Stop every worker and raise what went wrong first. A worker whose connection closed without a word
+        died (its peers then fail in their collectives and report that): it is the one named."""
+        reports = {r: message if r == i else self._pending_message(conn) for r, conn in enumerate(self.conns)}
+        closed = [r for r, m in reports.items() if m is _CLOSED]
+        errors = [(r, m) for r, m in reports.items() if m is not _CLOSED and m is not None and m[0] == "error"]
+        if closed:
+            rank = closed[0]
+            code = self.procs[rank].poll() if rank < len(self.procs) else None
+            error = WorkerDiedError(rank, "its connection closed" if code is None else _exit_reason(code))
+        elif errors:
+            rank, (_, exc, detail) = errors[0]
+            error = exc if isinstance(exc, VLChatError) else WorkerDiedError(rank, detail.strip().splitlines()[-1])
         else:
-            error = WorkerDiedError(i, "its process exited or its connection closed")
+            error = WorkerDiedError(i, f"it sent {message[0]!r} out of turn")
         self.error = error
         self.close()
         raise error
+
+    @staticmethod
+    def _pending_message(conn: Connection):
+        try:
+            return conn.recv() if conn.poll() else None
+        except (EOFError, OSError):
+            return _CLOSED
 
     # -- steps --------------------------------------------------------------
 
@@ -175,7 +196,7 @@ class WorkerGroup:
             try:
                 conn.send_bytes(payload)
             except OSError:
-                self._fail(rank, None)
+                self._fail(rank, _CLOSED)
         self._launched += 1
         return RemotePending(self, self._launched - 1)
 

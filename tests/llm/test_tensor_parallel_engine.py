@@ -20,7 +20,7 @@ from tests.images import encode
 from tests.llm.tiny import make_tiny_llama
 from tests.vision.references import image
 from tests.vision.tiny_vlm import make_tiny_llava
-from vlchat.llm import LLM, SamplingParams
+from vlchat.llm import LLM, AsyncEngine, SamplingParams
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.errors import TensorParallelError, WorkerDiedError
 
@@ -85,11 +85,20 @@ def test_heads_that_do_not_split_are_refused_before_workers_start(llama_dir):
 
 
 @pytest.mark.timeout(120)  # guards the property under test: a dead worker must not leave the engine waiting
-def test_killed_worker_stops_the_engine(text_llm):
+async def test_killed_worker_stops_the_engine(text_llm):
     """Runs last in this module: it stops the shared engine."""
-    os.kill(text_llm.engine.runner.procs[1].pid, signal.SIGKILL)
-    with pytest.raises(WorkerDiedError, match="rank 1"):
-        text_llm.generate(TEXT_PROMPTS, PARAMS)
-    with pytest.raises(WorkerDiedError):  # every later call fails at once
-        text_llm.generate(TEXT_PROMPTS[:1], PARAMS)
-    assert all(p.poll() is not None for p in text_llm.engine.runner.procs) or not text_llm.engine.runner.procs
+    engine = AsyncEngine(text_llm.engine)
+    try:
+        os.kill(text_llm.engine.runner.procs[1].pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            async for _ in engine.generate("a", TEXT_PROMPTS[0], PARAMS):
+                pass
+        assert engine.errored  # GET /health answers 503
+        with pytest.raises(WorkerDiedError):  # every later request fails at once
+            async for _ in engine.generate("b", TEXT_PROMPTS[0], PARAMS):
+                pass
+        with pytest.raises(WorkerDiedError):
+            text_llm.generate(TEXT_PROMPTS[:1], PARAMS)
+        assert not text_llm.engine.runner.procs  # the surviving worker was stopped too
+    finally:
+        engine.shutdown()
