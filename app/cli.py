@@ -10,7 +10,8 @@ from vlchat.app.errors import AppError, is_user_error
 from vlchat.app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
-                  "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling")  # fmt: skip
+                  "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
+                  "tp_listen")  # fmt: skip
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,11 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    "(default: 16 with CUDA graphs, else 0)")  # fmt: skip
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
                    help="collect each step's tokens before scheduling the next (default: async on CUDA)")  # fmt: skip
+    p.add_argument("--tensor-parallel-size", type=int, metavar="N",
+                   help="shard the model over N GPUs, one worker process each (default: 1)")  # fmt: skip
+    p.add_argument("--tp-listen", metavar="HOST:PORT",
+                   help="wait for the N workers at HOST:PORT instead of starting them (torchrun over several machines; "
+                   "env VLCHAT_TP_AUTHKEY: their shared hex key; docs/TENSOR_PARALLEL.md)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    return {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name, None) is not None}
+    options = {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name, None) is not None}
+    authkey = read_env()["tp_authkey"]
+    if authkey is not None:
+        options["tp_authkey"] = authkey
+    return options
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -89,6 +89,7 @@ def read_env() -> dict[str, str | None]:
         "api_key": os.environ.get("VLCHAT_API_KEY") or None,
         "auth": os.environ.get("VLCHAT_AUTH") or None,
         "gradio_analytics": os.environ.get("GRADIO_ANALYTICS_ENABLED"),
+        "tp_authkey": os.environ.get("VLCHAT_TP_AUTHKEY") or None,  # the key torchrun-started workers hold
     }
 
 

@@ -33,6 +33,15 @@ def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
     assert config.engine_options == {"max_model_len": 256, "prefill_delay_steps": 4, "async_scheduling": False}
 
 
+def test_tensor_parallel_options_reach_the_engine(monkeypatch):
+    from vlchat.app.cli import build_parser, server_config
+
+    monkeypatch.setenv("VLCHAT_TP_AUTHKEY", "00ff")
+    args = build_parser().parse_args(["serve", "--tensor-parallel-size", "2", "--tp-listen", "0.0.0.0:29600"])
+    assert server_config(args).engine_options == {"tensor_parallel_size": 2, "tp_listen": "0.0.0.0:29600",
+                                                  "tp_authkey": "00ff"}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
