@@ -21,6 +21,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
@@ -30,6 +31,7 @@ import torch
 from vlchat.llm.config import EngineConfig
 
 REPLY_POLL_S = 0.0002  # rank 0 waits this long for the next step before checking whether the last one finished
+CONNECT_WAIT_S = 600.0  # workers started before the scheduler (torchrun) retry connecting this long
 
 
 @dataclass(slots=True)
@@ -93,8 +95,19 @@ def serve(conn: Connection, env: WorkerEnv, config: EngineConfig, max_model_len:
         dist.destroy_process_group()
 
 
+def connect(address: tuple[str, int], authkey: bytes) -> Connection:
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while True:
+        try:
+            return Client(address, authkey=authkey)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"vlchat worker: nothing listens at {address[0]}:{address[1]}") from None
+            time.sleep(0.2)
+
+
 def run(address: tuple[str, int], env: WorkerEnv) -> int:
-    conn = Client(address, authkey=env.authkey)
+    conn = connect(address, env.authkey)
     try:
         config, max_model_len, eos_token_ids = conn.recv()
         conn.send(("hello", env.rank, socket.gethostname(), device_name(config.device, env.local_rank)))

@@ -4,7 +4,8 @@ Greedy tokens must be identical and the top-5 logprobs of every generated token 
 through the whole engine: scheduler, step messages, worker mirrors, paged KV pools per rank,
 a KV pool small enough that sequences are preempted and recomputed (their block tables
 replaced), and a VLM whose replicated vision tower feeds the sharded decoder (tp=4 over a
-decoder with 2 KV heads: each KV head on two ranks). Then the failure paths: head counts
+decoder with 2 KV heads: each KV head on two ranks; tp=2 with the workers started by two
+torchrun "nodes" on loopback, as on two machines). Then the failure paths: head counts
 that do not split are refused before any worker starts, and a killed worker makes the next
 step raise WorkerDiedError instead of hanging.
 """
@@ -12,7 +13,11 @@ step raise WorkerDiedError instead of hanging.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -68,15 +73,55 @@ def test_text_tp2_matches_one_process(llama_dir, text_llm, monkeypatch):
     _assert_same(text_llm.generate(TEXT_PROMPTS[::-1], PARAMS), expected[::-1])  # the workers dropped the finished
 
 
-def test_vlm_tp4_matches_one_process(tmp_path_factory):
-    model_dir = make_tiny_llava(tmp_path_factory.mktemp("tp-llava"))
-    question = {"type": "text", "text": "What is this?"}
-    prompts = [
-        [{"role": "user", "content": [{"type": "image", "image": encode(image(1))}, question]}],
-        [{"role": "user", "content": "Describe the picture, please."}],
-        [{"role": "user", "content": [{"type": "image", "image": encode(image(2))}, question]}],
-    ]
-    _assert_same(_generate(model_dir, prompts, tp=4), _generate(model_dir, prompts, tp=1))
+QUESTION = {"type": "text", "text": "What is this?"}
+VLM_PROMPTS = [
+    [{"role": "user", "content": [{"type": "image", "image": encode(image(1))}, QUESTION]}],
+    [{"role": "user", "content": "Describe the picture, please."}],
+    [{"role": "user", "content": [{"type": "image", "image": encode(image(2))}, QUESTION]}],
+]
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("tp-llava"))
+
+
+@pytest.fixture(scope="module")
+def llava_expected(llava_dir):
+    return _generate(llava_dir, VLM_PROMPTS, tp=1)
+
+
+def test_vlm_tp4_matches_one_process(llava_dir, llava_expected):
+    _assert_same(_generate(llava_dir, VLM_PROMPTS, tp=4), llava_expected)
+
+
+@pytest.mark.timeout(300)  # torchrun's agents must not outlive a failure
+def test_vlm_tp2_over_two_torchrun_nodes_on_loopback(llava_dir, llava_expected, tmp_path):
+    """Two torchrun agents, one worker each, rendezvous on 127.0.0.1 as two machines would; the engine waits
+    for them at --tp-listen. Closing the engine ends the workers, and torchrun with them."""
+    authkey, port, rdzv = secrets.token_hex(16), _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--rdzv-id", "loopback",
+           "--local-addr", "127.0.0.1", "-m", "vlchat.llm.engine.worker", "--connect", f"127.0.0.1:{port}"]  # fmt: skip
+    env = {**os.environ, "VLCHAT_TP_AUTHKEY": authkey, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(cmd, env=env, cwd=tmp_path) for _ in range(2)]
+    try:
+        llm = LLM(str(llava_dir), tensor_parallel_size=2, tp_listen=f"127.0.0.1:{port}", tp_authkey=authkey, **ENGINE)
+        try:
+            _assert_same(llm.generate(VLM_PROMPTS, PARAMS), llava_expected)
+        finally:
+            llm.close()
+        assert [node.wait(timeout=120) for node in nodes] == [0, 0]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_heads_that_do_not_split_are_refused_before_workers_start(llama_dir):
