@@ -16,6 +16,7 @@ from vlchat.llm.errors import InvalidRequestError
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -117,6 +118,8 @@ class EngineConfig:
             several machines) instead of starting them here; needs tp_authkey.
         tp_authkey: hex key the workers prove they hold (the variable VLCHAT_TP_AUTHKEY of workers
             started elsewhere); a random one for workers started here.
+        load_format: "auto" reads the checkpoint; "dummy" fills the weights randomly without reading
+            any (benchmarks at real shapes from a directory holding only config.json and a tokenizer).
     """
 
     model: str
@@ -132,6 +135,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tp_listen: str | None = None
     tp_authkey: str | None = None
+    load_format: str = "auto"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -145,6 +149,7 @@ class EngineConfig:
                f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")  # fmt: skip
         _check(self.max_model_len is None or self.max_model_len >= 1,
                f"max_model_len must be >= 1, got {self.max_model_len}")  # fmt: skip
+        _check(self.load_format in LOAD_FORMATS, f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         _check(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.tp_listen is not None:
             host, sep, port = self.tp_listen.rpartition(":")

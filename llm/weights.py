@@ -201,9 +201,21 @@ def resolve_dtype(hf_config, dtype: str | torch.dtype | None = None) -> torch.dt
     return _DTYPES[key]
 
 
+def fill_random(model: nn.Module, seed: int = 0) -> None:
+    """Random weights in place of a checkpoint: N(0, 0.02) matrices, ones elsewhere (norm weights, biases)."""
+    torch.manual_seed(seed)  # drawn where the parameters are: a 70B shard fills in seconds on its GPU
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            else:
+                p.fill_(1.0)
+
+
 def load_model(
-    model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True, hf_config=None
-):
+    model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True, hf_config=None,
+    random_weights: bool = False,
+):  # fmt: skip
     """Build the model class registered for the directory's architecture and load its weights.
 
     Args:
@@ -211,6 +223,7 @@ def load_model(
         dtype: None/"auto" takes the config's dtype; else float32, float16 or bfloat16.
         device: where the parameters are allocated.
         hf_config: the directory's config when the caller has read it already.
+        random_weights: fill the parameters with `fill_random` instead of reading the checkpoint.
 
     Returns:
         The model in eval mode; its `hf_config` and `dtype` attributes say what it was built from.
@@ -227,7 +240,10 @@ def load_model(
             model = model_cls(hf_config, torch_dtype)
     finally:
         torch.set_default_dtype(previous)
-    load_weights(model, model_dir, progress=progress)
+    if random_weights:
+        fill_random(model)
+    else:
+        load_weights(model, model_dir, progress=progress)
     model.hf_config = hf_config
     model.dtype = torch_dtype
     return model.eval()

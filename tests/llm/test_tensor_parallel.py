@@ -17,7 +17,8 @@ import torch
 from tests.llm.test_models import COMMON, PROMPT, _config, _randomize, _rewrite_as_internlm2
 from tests.llm.tiny import rel_err
 from tests.llm.tp_ranks import decoder_outputs, run_ranks
-from vlchat.llm.errors import TensorParallelError
+from vlchat.llm.config import EngineConfig
+from vlchat.llm.errors import InvalidRequestError, TensorParallelError
 from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
 from vlchat.llm.layers.linear import QKVLinear
 from vlchat.llm.parallel import TPGroup
@@ -99,6 +100,23 @@ def test_vocab_slices_pad_the_last_rank():
     for layer in (emb, head):
         layer.weight.weight_loader(layer.weight, weight)
         assert layer.weight[:, 0].tolist() == [9.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
+        (dict(tensor_parallel_size=2, tp_listen="nohost"), "tp_listen must be HOST:PORT"),
+        (dict(tensor_parallel_size=2, tp_listen="0.0.0.0:29600"), "tp_listen needs tp_authkey"),
+        (dict(tensor_parallel_size=1, tp_listen="0.0.0.0:29600", tp_authkey="00"), "needs tensor_parallel_size > 1"),
+        (dict(tensor_parallel_size=2, tp_authkey="xyz"), "tp_authkey must be hex"),
+        (dict(load_format="pt"), "load_format must be one of"),
+    ],
+    ids=["size", "listen-format", "listen-key", "listen-size", "key-hex", "load-format"],
+)
+def test_bad_parallel_options_are_refused(options, message, tmp_path):
+    with pytest.raises(InvalidRequestError, match=message):
+        EngineConfig.from_options(str(tmp_path), **options)
 
 
 @pytest.mark.parametrize(

@@ -174,3 +174,17 @@ def test_rules_chain_and_drop():
     )
     assert map_name("model.rotary_emb.inv_freq", rules) is None
     assert map_name("lm_head.weight", rules) == ("lm_head.weight", None, None)
+
+
+def test_random_weights_need_only_the_config(tmp_path):
+    """load_format="dummy": a directory with config.json alone builds a model of random N(0, 0.02) matrices."""
+    from tests.llm.tiny import tiny_llama_config
+
+    tiny_llama_config().save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="no weights"):
+        load_model(tmp_path, progress=False)
+    model = load_model(tmp_path, progress=False, random_weights=True)
+    norms = [p for n, p in model.named_parameters() if "norm" in n]
+    assert norms and all(bool((p == 1).all()) for p in norms)
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight
+    assert 0.015 < float(qkv.std()) < 0.025 and abs(float(qkv.mean())) < 0.005
