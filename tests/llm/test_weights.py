@@ -180,7 +180,7 @@ def test_random_weights_need_only_the_config(tmp_path):
     """load_format="dummy": a directory with config.json alone builds a model of random N(0, 0.02) matrices."""
     from tests.llm.tiny import tiny_llama_config
 
-    tiny_llama_config().save_pretrained(tmp_path)
+    tiny_llama_config(architectures=["LlamaForCausalLM"]).save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match="no weights"):
         load_model(tmp_path, progress=False)
     model = load_model(tmp_path, progress=False, random_weights=True)
