@@ -24,6 +24,11 @@ SHAPES = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
                       rope_theta=500000.0),
+    "llama2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                       num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0),
+    "qwen2.5-72b": dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
+                        rope_theta=1000000.0),  # its layout as a Llama (no q/k/v biases; same FLOPs within 0.1%)
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=8192, rope_theta=500000.0),
 }  # fmt: skip

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import platform
@@ -57,12 +56,11 @@ async def _run_requests(requests, arrivals, concurrency, one_request) -> tuple[l
 def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict]:
     from vlchat.llm import AsyncEngine, SamplingParams
 
-    random = contextlib.nullcontext() if args.model else random_model.random_weights()
-    with random:
-        engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                                          max_num_batched_tokens=args.max_num_batched_tokens,
-                                          enforce_eager=args.enforce_eager,
-                                          prefill_delay_steps=args.prefill_delay_steps)  # fmt: skip
+    engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                                      max_num_batched_tokens=args.max_num_batched_tokens,
+                                      enforce_eager=args.enforce_eager, prefill_delay_steps=args.prefill_delay_steps,
+                                      tensor_parallel_size=args.tensor_parallel_size,
+                                      load_format="auto" if args.model else "dummy")  # fmt: skip
 
     async def one(i, req, rec):
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
@@ -224,6 +222,7 @@ def main(argv=None) -> None:
     )
     p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf: all)")
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vlchat backend: GPUs the model is sharded over")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--prefill-delay-steps", type=int, default=None,
@@ -290,6 +289,7 @@ def main(argv=None) -> None:
     report = {"environment": environment(), "workload": {
         "name": args.dataset or "sharegpt-like-v1", "num_prompts": len(requests), "concurrency": args.concurrency,
         "request_rate": args.request_rate, "shape": args.shape, "num_layers": args.num_layers, "dtype": args.dtype,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "mean_prompt_len": sum(r.prompt_len for r in requests) / len(requests),
         "mean_output_len": sum(r.output_len for r in requests) / len(requests)},
         "results": results, "backend_info": extra}  # fmt: skip
