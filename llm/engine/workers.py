@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
 import torch
@@ -124,9 +125,14 @@ class WorkerGroup:
                 continue
             sock.settimeout(None)
             conn = Connection(sock.detach())
-            deliver_challenge(conn, authkey)
-            answer_challenge(conn, authkey)
-            conn.send_bytes(start)
+            try:
+                deliver_challenge(conn, authkey)
+                answer_challenge(conn, authkey)
+                conn.send_bytes(start)
+            except (AuthenticationError, EOFError, OSError) as e:  # not one of ours: keep waiting for them
+                logger.warning("refused a worker connection: %s (is VLCHAT_TP_AUTHKEY the same everywhere?)", e)
+                conn.close()
+                continue
             accepted.append(conn)
         self.conns = accepted  # in the order they connected until their hellos say their ranks
         hellos = self._gather("hello")
