@@ -51,7 +51,8 @@ class WorkerEnv:
                    bytes.fromhex(env["VLCHAT_TP_AUTHKEY"]))  # fmt: skip
 
 
-def device_name(device: str, local_rank: int) -> str:
+def take_device(device: str, local_rank: int) -> str:
+    """Make GPU `local_rank` this process's current device where the engine runs on CUDA; its name (or "cpu")."""
     if device != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         return torch.cuda.get_device_name(local_rank)
@@ -110,7 +111,7 @@ def run(address: tuple[str, int], env: WorkerEnv) -> int:
     conn = connect(address, env.authkey)
     try:
         config, max_model_len, eos_token_ids = conn.recv()
-        conn.send(("hello", env.rank, socket.gethostname(), device_name(config.device, env.local_rank)))
+        conn.send(("hello", env.rank, socket.gethostname(), take_device(config.device, env.local_rank)))
         serve(conn, env, config, max_model_len, eos_token_ids)
         return 0
     except (EOFError, ConnectionError):  # the scheduler went away: nothing to report to
