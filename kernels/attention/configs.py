@@ -300,7 +300,7 @@ TABLES: dict[str, ArchTable] = {
         # 2-stage ring with the early K release at one CTA per SM (decode_ws_waves's kernel): decode_ws's 4-stage
         # ring asks for a whole short split at once, and with every CTA doing so the first tiles come late. It runs
         # at 168 registers per thread, so that no other CTA fits beside one (at 128 the next call's CTAs, launched
-        # early, share its SMs); the outputs are bit-identical. Chosen by benchmarks/attention.py probes; see
+        # early, share its SMs; the outputs are bit-identical either way). Chosen by benchmarks/attention.py probes; see
         # docs/PERF.md#gluon-sm_90-decode.
         decode_ws_short={128: WD(64, 2, 1, early_k_release=True, registers=168)},
         # at head_dim 128 the one-wave grids decode_ws would split 16 ways (5-8 (sequence, KV head) units: B=1 with
