@@ -59,7 +59,7 @@ TIE = 1.0  # prefer fewer splits only on an exact tie of the modelled time
 # Chosen by benchmarks/decode_short_context.py; see docs/PERF.md#decode-splits.
 DEEP_MIN_TOKENS = 128
 # One-wave counts of the one-CTA Gluon config (decode_ws) at which the two-CTA one (decode_ws_waves, twice the splits)
-# runs the grid instead. Chosen by benchmarks/attention.py probes; see docs/PERF.md#decode-splits.
+# runs the grid instead. Chosen on benchmarks/attention.py's shapes; see docs/PERF.md#decode-splits.
 TWO_CTA_COUNTS = (2, 4, 8)
 # Keys per split at most which a one-wave grid of the one-CTA Gluon config runs the table's decode_ws_short (a
 # shallower ring) instead. See docs/PERF.md#gluon-sm_90-decode (decode_ws_short).
