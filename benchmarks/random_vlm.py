@@ -79,7 +79,7 @@ def chat_template(image_text: str) -> str:
     return (
         "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}{% else %}"
         "{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}{% else %}" + image_text.replace(
-            "\n", " ") + "{% endif %}{% endfor %}{% endif %}\n{% endfor %}"
+            "\n", " ") + "{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
         "{% if add_generation_prompt %}assistant:{% endif %}"
     )  # fmt: skip
 
