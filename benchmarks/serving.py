@@ -110,6 +110,7 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
     info = {"kv_blocks_free_after": engine.num_free_blocks()}
     if probe is not None:
         info["images"] = probe.summary()
+        probe.detach()  # its wrappers and the engine reference each other: the engine's memory goes with it
     engine.shutdown()
     return records, duration, info
 
@@ -358,13 +359,14 @@ def main(argv=None) -> None:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+        path = lambda ext: out.parent / (out.name + ext)  # noqa: E731 - with_suffix would cut "llava-1.5-7b" at ".5"
+        path(".json").write_text(json.dumps(report, indent=2))
         env = report["environment"]
         header = (f"# Serving benchmark\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
                   f"transformers {env['transformers']}, {env['date']}\n\n"
                   f"Workload: {json.dumps(report['workload'])}\n\n")  # fmt: skip
-        out.with_suffix(".md").write_text(header + md + "\n")
-        plot(results, out.with_suffix(".png"))
+        path(".md").write_text(header + md + "\n")
+        plot(results, path(".png"))
 
 
 if __name__ == "__main__":

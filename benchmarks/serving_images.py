@@ -165,6 +165,12 @@ class EngineProbe:
 
         engine.normalize_prompt, engine.step = normalize_prompt, step
         engine.runner.launch, engine.runner.model.embed_multimodal = launch, embed_multimodal
+        self._engine = engine
+
+    def detach(self) -> None:
+        """Give the engine its own methods back."""
+        engine, self._engine = self._engine, None
+        del engine.normalize_prompt, engine.step, engine.runner.launch, engine.runner.model.embed_multimodal
 
     def reset(self) -> None:
         """Forget what was measured (the warm-up's)."""
