@@ -35,7 +35,11 @@ SHAPES = {
 
 
 def word_level_tokenizer(vocab_size: int):
-    """A tokenizer with exactly `vocab_size` tokens (`<s>`, `</s>`, then `t2`, `t3`, ...), built offline."""
+    """A tokenizer with exactly `vocab_size` tokens (`<s>`, `</s>`, then `t2`, `t3`, ...), built offline.
+
+    Text of `t<id>` words encodes to exactly those ids (other words to `t2`); `t2` is no special token,
+    which would split it out of `t25`, `t2048`, ...
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -44,7 +48,7 @@ def word_level_tokenizer(vocab_size: int):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t2"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="t2")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.chat_template = (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant:{% endif %}"

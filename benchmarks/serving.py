@@ -2,11 +2,17 @@
 
 Drives vlchat's engine in-process (`--backend vlchat`), a running `vlchat serve`
 over its OpenAI API with streaming (`--backend openai --base-url ...`), or
-transformers' own continuous batching on the same workload (`--backend
-transformers`, the peer). Several backends in one run share the workload.
+transformers on the same workload (`--backend transformers`, the peer: its continuous
+batching for text, its batched `generate` with images). Several backends in one run
+share the workload.
 
     python -m benchmarks.serving --shape llama2-7b --num-prompts 1000 --concurrency 128 \
         --backend vlchat transformers --out benchmarks/results/serving-llama2-7b
+
+With `--images N` every request carries N images of drawn sizes (a VLM shape such as
+llava-1.5-7b or qwen2.5-vl-7b, see benchmarks/random_vlm.py); the vlchat backend also
+reports image preprocessing time (and how much of it ran on the engine thread) and the
+vision tower's share of engine step time (benchmarks/serving_images.py).
 
 Prints a table of req/s, input and output tok/s, TTFT/TPOT/ITL mean/median/p99, and
 writes <out>.json, <out>.md and <out>.png (latency percentiles and throughput).
@@ -25,8 +31,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from benchmarks import random_model, workloads
+from benchmarks import random_model, random_vlm, workloads
 from benchmarks.report import versions
+from benchmarks.serving_images import (
+    EngineProbe,
+    bench_transformers_generate,
+    data_url,
+    hf_vlm,
+    image_messages,
+    image_table,
+    prompt_text,
+)
 from benchmarks.serving_metrics import RequestRecord, summarize, table
 from benchmarks.step_profile import profile_decode_step
 
@@ -56,16 +71,24 @@ async def _run_requests(requests, arrivals, concurrency, one_request) -> tuple[l
 def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict]:
     from vlchat.llm import AsyncEngine, SamplingParams
 
+    # random weights (load_format="dummy") are drawn by each tensor-parallel worker, where a patch of this
+    # process's loader would not reach
     engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                       max_num_batched_tokens=args.max_num_batched_tokens,
                                       enforce_eager=args.enforce_eager, prefill_delay_steps=args.prefill_delay_steps,
                                       tensor_parallel_size=args.tensor_parallel_size,
                                       load_format="auto" if args.model else "dummy")  # fmt: skip
+    probe = EngineProbe(engine) if args.images else None
 
     async def one(i, req, rec):
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
+        prompt = req.prompt_token_ids
+        if req.images:  # the images are cut here, as a client would send them; the engine preprocesses them
+            prompt = image_messages(req, [im.pil() for im in req.images])
         seen = 0
-        async for out in engine.generate(f"bench-{i}", req.prompt_token_ids, params):
+        async for out in engine.generate(f"bench-{i}", prompt, params):
+            if not seen and req.images:
+                rec.prompt_len = len(out.prompt_token_ids)  # with the image placeholder tokens
             n = seen + len(out.outputs[0].delta_token_ids)  # the cumulative list would be sliced on every read
             if n > seen:
                 rec.token_times.append(time.perf_counter())
@@ -76,11 +99,18 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
     async def main():
         # warm-up: a few requests outside the timed run (kernels compile, graphs capture)
         warm = [workloads.BenchRequest(r.prompt_token_ids, 8) for r in requests[:4]]
+        if args.images:  # other images than the run's, so the prefix cache does not serve the run's first ones
+            warm = workloads.with_images(warm, args.images, args.image_min_side, args.image_max_side, args.seed + 7)
         await _run_requests(warm, [0.0] * len(warm), 4, one)
+        if probe is not None:
+            probe.reset()
         return await _run_requests(requests, arrivals, args.concurrency, one)
 
     records, duration = asyncio.run(main())
     info = {"kv_blocks_free_after": engine.num_free_blocks()}
+    if probe is not None:
+        info["images"] = probe.summary()
+        probe.detach()  # its wrappers and the engine reference each other: the engine's memory goes with it
     engine.shutdown()
     return records, duration, info
 
@@ -96,8 +126,12 @@ def bench_openai(base_url, requests, arrivals, args) -> tuple[list, float, dict]
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
 
             async def one(i, req, rec):
-                text = req.prompt_text or " ".join(f"t{t}" for t in req.prompt_token_ids)
-                body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
+                content = prompt_text(req)
+                if req.images:
+                    urls = await asyncio.to_thread(lambda: [data_url(im.pil()) for im in req.images])
+                    content = [*({"type": "image_url", "image_url": {"url": u}} for u in urls),
+                               {"type": "text", "text": content}]  # fmt: skip
+                body = {"model": model, "messages": [{"role": "user", "content": content}], "stream": True,
                         "max_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0,
                         "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
                 async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -195,6 +229,15 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _text_vocab(args, model_dir) -> int:
+    if args.shape in random_vlm.SHAPES and not args.model:
+        return random_vlm.text_vocab(args.shape)
+    if model_dir is None:
+        return 32000
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("vocab_size") or config["text_config"]["vocab_size"]
+
+
 def environment() -> dict:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     return {"device": dev, **versions(transformers=True)}
@@ -206,12 +249,15 @@ def main(argv=None) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:7860")
     p.add_argument("--api-key", default=None)
     p.add_argument("--model", help="model directory (default: a random-weight --shape model)")
-    p.add_argument("--shape", default="llama2-7b", choices=sorted(random_model.SHAPES))
+    p.add_argument("--shape", default="llama2-7b", choices=sorted(random_model.SHAPES) + sorted(random_vlm.SHAPES))
     p.add_argument("--num-layers", type=int, default=None, help="override the shape's layer count (smoke runs)")
-    p.add_argument("--model-dir", default="/tmp/vlchat-bench-model")
+    p.add_argument("--vision-layers", type=int, default=None, help="override a VLM shape's vision tower depth")
+    p.add_argument("--model-dir", default=None, help="where the shape's config is written (default /tmp/...)")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--dataset", help="ShareGPT json; default: the built-in sharegpt-like-v1 workload")
-    p.add_argument("--images", action="store_true", help="one image per request (VLMs, openai backend)")
+    p.add_argument("--images", type=int, default=0, help="images per request (a VLM shape or model)")
+    p.add_argument("--image-min-side", type=int, default=336, help="image sides are drawn from [min, max] px")
+    p.add_argument("--image-max-side", type=int, default=1344)
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument(
@@ -220,6 +266,7 @@ def main(argv=None) -> None:
         default=None,
         help="run the transformers peer on the first N prompts only (it is ~10x slower)",
     )
+    p.add_argument("--peer-batch", type=int, default=16, help="batch size of transformers' generate with images")
     p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second (inf: all)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vlchat backend: GPUs the model is sharded over")
@@ -236,11 +283,19 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model_dir = Path(args.model) if args.model else None
+    vlm = args.shape in random_vlm.SHAPES
+    if args.images and not (vlm or args.model or args.backend == ["openai"]):
+        p.error(f"--images needs a VLM: --shape {' or '.join(sorted(random_vlm.SHAPES))}, or --model")
     if model_dir is None and "openai" not in args.backend:
-        fields = dict(random_model.SHAPES[args.shape])
-        if args.num_layers is not None:
-            fields["num_hidden_layers"] = args.num_layers
-        model_dir = Path(random_model.write_config_dir(args.model_dir, fields, dtype=args.dtype))
+        out_dir = args.model_dir or f"/tmp/vlchat-bench-{args.shape}"
+        if vlm:
+            model_dir = Path(random_vlm.write_config_dir(out_dir, args.shape, args.num_layers, args.vision_layers,
+                                                         dtype=args.dtype))  # fmt: skip
+        else:
+            fields = dict(random_model.SHAPES[args.shape])
+            if args.num_layers is not None:
+                fields["num_hidden_layers"] = args.num_layers
+            model_dir = Path(random_model.write_config_dir(out_dir, fields, dtype=args.dtype))
     if args.dataset:
         from transformers import AutoTokenizer
 
@@ -248,10 +303,10 @@ def main(argv=None) -> None:
             args.dataset, args.num_prompts, AutoTokenizer.from_pretrained(model_dir)
         )
     else:
-        vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"] if model_dir else 32000
+        vocab = _text_vocab(args, model_dir)
         requests = workloads.sharegpt_like_v1(args.num_prompts, vocab, seed=args.seed, special_ids=(0, 1))
     if args.images:
-        requests = workloads.with_images(requests, seed=args.seed)
+        requests = workloads.with_images(requests, args.images, args.image_min_side, args.image_max_side, args.seed)
     arrivals = workloads.arrival_times(len(requests), args.request_rate, seed=args.seed)
 
     results, extra = {}, {}
@@ -261,14 +316,18 @@ def main(argv=None) -> None:
         elif backend == "openai":
             records, duration, info = bench_openai(args.base_url, requests, arrivals, args)
         else:
-            if args.model:
-                from transformers import AutoModelForCausalLM
-
-                hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-            else:
-                hf_model = random_model.hf_random_model(model_dir, dtype, device)
             subset = requests[: args.peer_num_prompts] if args.peer_num_prompts else requests
-            records, duration, info = bench_transformers(hf_model, subset, args)
+            if args.images:
+                hf_model, processor = hf_vlm(args.model, model_dir, dtype, device)
+                records, duration, info = bench_transformers_generate(hf_model, processor, subset, args.peer_batch)
+            else:
+                if args.model:
+                    from transformers import AutoModelForCausalLM
+
+                    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+                else:
+                    hf_model = random_model.hf_random_model(model_dir, dtype, device)
+                records, duration, info = bench_transformers(hf_model, subset, args)
             info["num_prompts"] = len(subset)
             del hf_model
         results[backend] = summarize(records, duration)
@@ -290,21 +349,26 @@ def main(argv=None) -> None:
         "name": args.dataset or "sharegpt-like-v1", "num_prompts": len(requests), "concurrency": args.concurrency,
         "request_rate": args.request_rate, "shape": args.shape, "num_layers": args.num_layers, "dtype": args.dtype,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "images_per_request": args.images, "image_sides": [args.image_min_side, args.image_max_side] if args.images
+        else None, "vision_layers": args.vision_layers,
         "mean_prompt_len": sum(r.prompt_len for r in requests) / len(requests),
         "mean_output_len": sum(r.output_len for r in requests) / len(requests)},
         "results": results, "backend_info": extra}  # fmt: skip
     md = table(results)
+    if "images" in extra.get("vlchat", {}):
+        md += "\n\n" + image_table(extra["vlchat"]["images"])
     print(md)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+        path = lambda ext: out.parent / (out.name + ext)  # noqa: E731 - with_suffix would cut "llava-1.5-7b" at ".5"
+        path(".json").write_text(json.dumps(report, indent=2))
         env = report["environment"]
         header = (f"# Serving benchmark\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
                   f"transformers {env['transformers']}, {env['date']}\n\n"
                   f"Workload: {json.dumps(report['workload'])}\n\n")  # fmt: skip
-        out.with_suffix(".md").write_text(header + md + "\n")
-        plot(results, out.with_suffix(".png"))
+        path(".md").write_text(header + md + "\n")
+        plot(results, path(".png"))
 
 
 if __name__ == "__main__":

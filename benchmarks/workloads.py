@@ -17,12 +17,30 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass(frozen=True, slots=True)
+class DrawnImage:
+    """A `width` x `height` window at (`left`, `top`) of a seeded noise canvas: distinct windows are distinct
+    images (the prefix cache never matches them), and a request's images are cut only when it is sent."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    seed: int
+
+    def pil(self):
+        from PIL import Image
+
+        canvas = _noise_canvas(self.seed)
+        return Image.fromarray(canvas[self.top : self.top + self.height, self.left : self.left + self.width].copy())
+
+
 @dataclass(slots=True)
 class BenchRequest:
     prompt_token_ids: list[int]
     output_len: int
     prompt_text: str | None = None
-    image: object | None = None  # PIL image for the image workload
+    images: list[DrawnImage] = field(default_factory=list)  # the image workload's, in prompt order
     extra: dict = field(default_factory=dict)
 
     @property
@@ -70,14 +88,30 @@ def from_sharegpt_file(path: str, num_prompts: int, tokenizer, seed: int = 0) ->
     return out
 
 
-def with_images(requests: list, size: int = 336, seed: int = 0) -> list:
-    """The image workload: one random-content image per request."""
-    from PIL import Image
+_CANVAS_SIDE = 2048
+_canvases: dict[int, np.ndarray] = {}
 
+
+def _noise_canvas(seed: int) -> np.ndarray:
+    if seed not in _canvases:
+        rng = np.random.default_rng(seed + 3)
+        _canvases[seed] = rng.integers(0, 256, size=(_CANVAS_SIDE, _CANVAS_SIDE, 3), dtype=np.uint8)
+    return _canvases[seed]
+
+
+def with_images(requests: list, per_request: int = 1, min_side: int = 336, max_side: int = 1344,
+                seed: int = 0) -> list:  # fmt: skip
+    """The image workload: `per_request` random-content images per request, each side drawn uniformly from
+    [min_side, max_side] pixels (independently, so aspect ratios vary), cut from a noise canvas at a random spot."""
+    if not 1 <= min_side <= max_side <= _CANVAS_SIDE:
+        raise ValueError(f"image sides must satisfy 1 <= min_side <= max_side <= {_CANVAS_SIDE}")
     rng = np.random.default_rng(seed + 1)
     for r in requests:
-        pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
-        r.image = Image.fromarray(pixels)
+        r.images = []
+        for _ in range(per_request):
+            w, h = (int(v) for v in rng.integers(min_side, max_side + 1, size=2))
+            left, top = int(rng.integers(0, _CANVAS_SIDE - w + 1)), int(rng.integers(0, _CANVAS_SIDE - h + 1))
+            r.images.append(DrawnImage(w, h, left, top, seed))
     return requests
 
 

@@ -2,9 +2,8 @@
 
 `kernel[grid](*args, **kwargs)` binds every argument, specializes each (a tensor on its dtype and 16-byte
 alignment, an integer on its range, on being 1 and on divisibility by 16, a TMA descriptor on its element type,
-box and layout), hashes the result and looks up the compiled kernel: on the H200's host (2026-12-01) 13-53 us a
-call, of which the launch itself is 5-18 (`benchmarks/results/launch_NVIDIA_H200.md`). An eager engine step
-launches some 260 of them. `launch_compiled` keeps each kernel's compiled variants under a key at least as fine as
+box and layout), hashes the result and looks up the compiled kernel: several times the launch itself, and an
+eager engine step launches some 260 of them (benchmarks/launch.py; docs/PERF.md#engine-and-host). `launch_compiled` keeps each kernel's compiled variants under a key at least as fine as
 Triton's specialization, computed here in one pass over the arguments, and launches a variant it already holds
 directly; a new key goes through `kernel[grid]` once (compiling only where Triton has not) and is kept.
 

@@ -51,7 +51,8 @@ class CacheConfig:
         _check(self.cpu_cache_gb > 0, f"cpu_cache_gb must be > 0, got {self.cpu_cache_gb}")
 
 
-GRAPH_PREFILL_DELAY_STEPS = 16  # the prefill hold with CUDA graphs (H200 serving: 28.5 req/s vs 22.1 at 8)
+# the prefill hold with CUDA graphs; chosen by benchmarks/serving.py, see docs/PERF.md#engine-and-host
+GRAPH_PREFILL_DELAY_STEPS = 16
 
 
 @dataclass(slots=True)

@@ -9,8 +9,7 @@ the pending bytes cannot be one character any more).
 
 With a fast (Rust-backed) tokenizer the window is kept by `tokenizers.decoders.DecodeStream`, the same
 algorithm in Rust with the window's prefix text cached between releases: one call per token instead of two
-decodes from Python (1.4-1.6x less host time per token with the test tokenizers, the demo model's and
-Gemma 3's). The window offsets are mirrored
+decodes from Python (less host time per token: docs/PERF.md#engine-and-host). The window offsets are mirrored
 here, so a forced release (below), an unexpected decode, the end of generation and pickling all go through the
 Python window; after a forced release and after unpickling, a stream restarts from the offsets (after a failed
 decode none does, and after the end of generation no token comes).

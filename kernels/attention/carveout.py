@@ -6,11 +6,8 @@ kernel needs almost no shared memory, so its SMs run with a small carveout, and 
 (the sm_90 Gluon decode kernel: 134 KB at one CTA per SM) cannot start on an SM where a reduce CTA still runs.
 With programmatic dependent launch the reduce kernel is launched while the decode grid still runs (`decode_ws.py`
 says when) and lets the next call's decode kernel launch at its start; with its preference set to the largest
-shared-memory carveout, those decode CTAs start beside it on every SM instead of waiting for it to leave.
-
-On the H200 (2026-11-30, fp16, 32/8 B=1 L=4k, the plan's 16 splits): without the preference 28 of the 128 decode
-CTAs started 0.6-0.8 us late, on the SMs of the 32 reduce CTAs, and the grid's last CTA finished 2 us after its
-median one. What the early launch and the preference save together: decode_ws.py.
+shared-memory carveout, those decode CTAs start beside it on every SM instead of waiting for it to leave
+(docs/PERF.md#gluon-sm_90-decode has what that saves).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 One program per (KV head, sequence, split), KV heads varying fastest in the
 launch order: the CTAs resident together are then the KV heads of a few
 sequences, reading adjacent rows of the same pages (a token's rows for all KV
-heads are adjacent in the cache; on the H200 1-1.5% faster than sequences-first
-on grids of many waves). The query heads sharing the KV head are packed as the
+heads are adjacent in the cache; faster than sequences-first on grids of many
+waves: docs/PERF.md#decode-configs-per-arch). The query heads sharing the KV head are packed as the
 rows of one tile (padded to 16, the smallest tl.dot), the split's share of the
 context is streamed in BLOCK_N-token chunks through the block table, and the
 result is either written directly (one split) or as an fp32 partial output plus

@@ -1,8 +1,8 @@
 """Paged decode attention for sm_90 in Gluon: a TMA loader warp and one wgmma consumer warpgroup.
 
 Used where it measured faster than the Triton kernel of `decode.py` (the sm_90 table's `decode_ws`,
-`decode_ws_short`, `decode_ws_waves` and `decode_ws_long` in `configs.py`, with the measurements; `plan.decode_plan`
-says which config takes which grid).
+`decode_ws_short`, `decode_ws_waves` and `decode_ws_long` in `configs.py`; `plan.decode_plan` says which config
+takes which grid). The measurements behind the choices below are in docs/PERF.md#gluon-sm_90-decode.
 One warp does nothing but issue loads:
 
 - One CTA per (KV head, sequence, split), KV heads fastest (as `decode.py`). The loader looks up the pages of
@@ -10,38 +10,28 @@ One warp does nothing but issue loads:
   one TMA box per page into a ring of STAGES K and V buffers
   (mbarriers `k_ready`/`v_ready`; `k_empty`/`v_empty` when the consumer is done with a stage's K / V: both
   after its PV product, or with the config's `early_k_release` K after its QK product, the loader then issuing
-  the K tile without waiting for the V buffer). A lookup per tile (one
-  tile ahead) took 0.6-3.5% more time on the H200 (2026-11-30, 7 one-wave shapes: B=1 L=4k GQA 9.63 vs 9.31 us,
-  B=1 L=128k GQA 127.4 vs 124.4). It loads the query group's rows once as a 3-D box of `query_columns` rows
+  the K tile without waiting for the V buffer). One lookup per group, not per tile, pays a dependent
+  block-table read once per STAGES tiles. It loads the query group's rows once as a 3-D box of `query_columns` rows
   (the group padded to a power of two, at least 8): past the group come the next KV heads' query rows
   (computed, not stored), past the last head zeros.
 - The consumer warpgroup computes with swapped operands, so that the tile's keys, not the few query heads, fill
   wgmma's M (64 rows at least): S^T = K Q^T ([BLOCK_N, group] in registers), the online softmax down its
   columns, then O^T += V^T P^T, V^T read transposed from the ring and P^T stored to shared memory. With the
-  query heads as the rows (S = Q K^T, O += P V, P from registers) a group of 4 filled 4 of 64 rows and every
-  tile's softmax worked on 64 x BLOCK_N scores; swapped, it works on BLOCK_N x 8. On the H200 (2026-11-30,
-  same run, 12 fp16 decode shapes, each at its plan's config and split count): 0.1-3.4% less time on 9 (B=1
-  L=4k GQA 9.36 vs 9.51 us, 32/8 B=128 L=512 67.3 vs 68.7), 0.1-0.8% more on 3 (B=1 L=128k GQA, B=1 L=4k MHA,
-  B=8 L=4k GQA). The smaller query box also frees shared memory (`smem_bytes`).
+  query heads as the rows (S = Q K^T, O += P V) a group of 4 would fill 4 of 64 rows and every tile's softmax
+  work on 64 x BLOCK_N scores; swapped, it works on BLOCK_N x 8. The smaller query box also frees shared memory
+  (`smem_bytes`).
 - The online softmax keeps a stale running maximum: after a split's first tile the consumer computes a tile's
   probabilities against the running maximum, then the tile's maximum and the probabilities' sum in one reduction
   across the warps, and redoes them against a new maximum (rescaling the sum and O^T) only where the tile's
-  maximum passes the running one by more than RESCALE_LOG2 (probabilities stay below 2^8). The exact step took
-  a reduction for the maximum, then the exponentials, then a second reduction for the sum, on every tile. On the
-  H200 (2026-11-30 23:05 UTC, fp16, the plan's config and split count, medians of 7 interleaved measurements, 13
-  shapes): 0.1-0.9% less time on 12 (B=1 L=4k GQA 8.30 against 8.38 us, MHA B=1 L=4k 19.32 against 19.47, MHA
-  B=128 L=2k 946.9 against 948.1), the same on 1 (B=1 L=1k GQA, splits of two tiles). A first version that
-  took the speculative path on a split's first tile too cost 2% there.
+  maximum passes the running one by more than RESCALE_LOG2 (probabilities stay below 2^8): one reduction per
+  tile instead of the exact step's two (the maximum, then the sum). A split's first tile takes the exact step.
 - With the config's `pack_heads` P > 1 (the plan sets it: `splits.pack_heads`) one CTA reads P adjacent KV heads: a
   tile's BLOCK_N rows are BLOCK_N // P tokens x P heads, one TMA box [page, P, head_dim] per page (the P heads of a
   token are P * head_dim contiguous elements of the token-major cache), the query box holds the P heads' groups, and
   each query column's scores are masked to its own head's rows, so the products and the softmax are the unpacked
   ones. The grid is (KV heads // P, sequences, splits). On unsplit grids of several waves of short sequences, P
   fewer CTAs of P times the work pay the per-CTA start (the page lookup, the query, the first tile's round trip)
-  once for P heads and make one wave: on the H200 (2026-12-01, `benchmarks/decode_packing.py`, fp16, five head
-  layouts, B=32-256, L=256-2k) the unpacked grid took 1.02-1.10x the time where packing makes one wave of CTAs
-  reading at most 2048 keys (`configs.py`'s sm_90 table has the figures), and in the attention grid's run (00:04
-  UTC, same machine and run) 32/8 B=128 L=512 64.9 against 66.5 us, B=64 L=1k 63.7 against 65.0.
+  once for P heads and make one wave.
 - Splits and their merge are `decode.py`'s: each split divides the sequence's visible range
   [max(0, len - window), len) (aligned down to BLOCK_N) on the device and writes an fp32 partial and its
   log-sum-exp (base 2), or the output directly with one split; `decode._reduce_kernel` merges. With the config's
@@ -58,35 +48,25 @@ One warp does nothing but issue loads:
   writes one partial of the keys it read, so the merge is unchanged. The last loader of a pair to finish sets its
   two counters (units handed out, loaders done) back to zero, so the buffer (`steal_counters`, kept in the
   caches' memo) is ready for the next call and for CUDA-graph replays without a memset. Why: the CTAs of a wave
-  stream at unequal rates (per-CTA timers at MHA B=1 L=128k S=8 on the H200: ends from 363 to 485 us, CTAs alone
-  on an SM ahead of paired ones), and a fixed split grid waits for its slowest; stolen units end within about 20
-  us of each other. On the H200 (2026-12-02, `benchmarks/decode_stealing.py`, fp16, medians of 7 interleaved) on
-  the engine's pages 1.008-1.013x the fixed splits' speed on the 7 shapes the plan steals (MHA B=1 L=128k 464.9
-  against 469.6 us), 1.000-1.009x on shuffled pages; below the threshold it lost (MHA B=1 L=16k, splits of 2048
-  keys: 0.975x), which is why the plan keeps fixed splits there.
+  stream at unequal rates (CTAs alone on an SM ahead of paired ones), and a fixed split grid waits for its
+  slowest; stolen units end close together. Shorter splits do not repay the counter's round trips, so the plan
+  keeps fixed splits there.
 
 With programmatic dependent launch (`pdl`) the loader loads the first group's pages and issues the split's first
 tile, then waits for the previous kernel, then issues the query's and the other tiles' TMA loads (`decode.py` says
 why). The first tile goes before the wait only where it ends before the sequence's last row: the kernel launched
 before a decode may write, of the decoded sequences' rows, only each one's last (in a decode step the KV write
 stores the step's new token there; the older rows were written in earlier steps, by kernels that ended before the
-step's first kernel started; docs/INTERFACES.md states the rule for callers). On the H200 (2026-11-30, same run,
-fp16, best of 5, with the launch below): the decode step (KV write, then decode) took 2-10% less time (B=1 L=1k
-5.90 against 6.59 us, L=4k 9.22 against 9.47, MHA B=1 L=4k 20.23 against 20.76, B=8 L=4k 35.98 against 36.56), the
-decode alone in back-to-back calls from 1.1% more (B=1 L=16k) to 7% less (B=1 L=1k). The first two tiles before
-the wait: up to 3.4% more on the step; every tile of the first group: 3-18% more.
+step's first kernel started; docs/INTERFACES.md states the rule for callers). Issuing more than the first tile
+before the wait cost time.
 
 The consumer lets the next kernel (the reduce, with splits) launch when it starts its split's last tile, where the
 split has more than one (splits of one tile, and empty ones, let it launch at their end). The launch takes about
 0.7 us, so the reduce's CTAs are in place, waiting, when the grid ends, and the next call's
-decode CTAs, launched at the reduce's start, run their prologue (the page lookups) under it. Together with the
-reduce's carveout preference (`carveout.py`; without it the trigger alone gained 0-3%), on the H200 (2026-11-30,
-same runs, fp16, best of 5): 32/8 B=1 L=4k 8.36 against 9.29 us, L=16k 20.5 against 21.5, 32/32 B=1 L=4k 19.3
-against 20.4, 0.1-2% less on the other shapes tried (B=8-128, L=32k-128k). Launching the reduce earlier cost
-time: at the start (11-23%), once the loads are issued (16% at B=1 L=4k), at the second-to-last tile (16% there);
-at the start of a one-tile split (B=1 L=1k, 16 splits of 64 keys) the decode step took 9-12% more, hence the rule
-above. With one split (no reduce) the trigger lets whatever comes next launch: the next call's decode in the
-benchmarks (0.7-1.8% less time at B=32-128), a GEMM launched without dependent launch in the engine.
+decode CTAs, launched at the reduce's start, run their prologue (the page lookups) under it; this pays together
+with the reduce's carveout preference (`carveout.py`). Launching the reduce earlier (a one-tile split at its start) cost time. With one split (no
+reduce) the trigger lets whatever comes next launch: the next call's decode in the benchmarks, a GEMM launched
+without dependent launch in the engine.
 
 Rows of a tile past the sequence's end are loaded (the last page's stale rows: the engine's cache is
 zero-initialised and only ever holds finite K/V) and masked to -inf before the softmax.

@@ -66,7 +66,8 @@ def row_descriptor(t, block_rows, layout, memo: dict | None = None):
 
     With `memo`, a dict owned by whoever owns `t` (the attention layer, for its KV cache: `cache_memo` in
     decode.py), the descriptor is built once per tensor, box and layout and kept there (it holds `t`): building one
-    costs about 6 us of the H200 host's time, and an eager step builds four per layer for the caches."""
+    costs microseconds of host time, and an eager step builds four per layer for the caches
+    (docs/PERF.md#engine-and-host)."""
     head_dim, heads = t.shape[-1], t.shape[-2]
 
     def build():
@@ -96,7 +97,7 @@ def gl_dtype(dtype):
 def shared_layout(shape: tuple[int, ...], dtype: torch.dtype):
     """The NVMMA shared-memory layout of a TMA box of `shape` (NVMMASharedLayout.get_default_for), built once per
     shape and dtype: the launches build their descriptors every call, in eager steps once per layer, and a layout
-    costs 5-12 us of host time to build."""
+    costs microseconds of host time to build (docs/PERF.md#engine-and-host)."""
     return gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype(dtype))
 
 

@@ -2,10 +2,8 @@
 
 Causal tiles near the end of a sequence see the most keys, so both kernels start from the last tile. Up to
 HEADS_FIRST_MAX_TILES query tiles per head (all sequences), every head's tile m runs before any head's tile
-m - 1 (the H200: +9% at B=1 L=4k, +11% at B=4 L=4k over head-by-head); above it one head's tiles run together
-and stream the same K/V through the L2 (heads-first lost 4% at B=1 L=64k and 6% at B=4 L=16k). fp16, 128-row
-tiles; rechecked with 128x64 tiles (2 CTAs per SM): heads-first still +17% at B=1 L=4k, the rest within the
-+-5% spread.
+m - 1; above it one head's tiles run together and stream the same K/V through the L2. The threshold was chosen by
+benchmarks/attention.py; see docs/PERF.md#prefill.
 """
 
 from __future__ import annotations

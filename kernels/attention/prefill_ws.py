@@ -10,12 +10,8 @@ products to a second CTA per SM. This kernel schedules it itself, FlashAttention
   completes, or, with the config's `early_k_release`, its K as soon as its QK product has completed: tile j +
   STAGES's K then loads while tile j's V is still in use. In a 2-stage ring, releasing both after PV let the
   loader issue tile j + 1 only once tile j - 1's PV product was done, half an iteration before tile j + 1's QK
-  product needed it. On the H200 (2026-11-30, against the release after PV; bit-identical outputs):
-  - head_dim 256 (2 stages of 64 keys; bf16, heads 8/4, 16/8, 4/1, B=1-4, L=4k-16k): 1.20-1.38x the TFLOP/s
-    causal (584-719 against 445-525), 1.37x for a 4k chunk after a 12k cached prefix, 1.10-1.18x with a
-    1024-token window. A K ring one deeper (3 K / 2 V stages) was slower than 2 / 2.
-  - head_dim 128 (3 stages of 128 keys, fp16): 0.98-1.01x; with a window (4 stages of 64 keys) 0.89x; head_dim
-    64 0.99x. Those configs keep the release after PV.
+  product needed it. The early release pays on head_dim 256's 2-stage ring; the deeper rings of head_dim 64 and
+  128 keep the release after PV (docs/PERF.md#prefill has the measurements; the outputs are bit-identical).
 - Two consumer warpgroups, 64 query rows each, run the online softmax. Each issues tile j's QK^T product
   and tile j-1's PV product back to back (asynchronous wgmma), then computes tile j's softmax while the PV
   product runs (intra-warpgroup overlap); with PINGPONG they take turns issuing (two mbarriers), so one

@@ -18,8 +18,8 @@ On a CPU tensor the decode path trims the block table to the longest sequence
 The CPU serving path of fp32 decode without softcap (`_decode_sdpa`) gathers each
 sequence's own rows (its window's, with a sliding window) and runs torch's fused
 SDPA on them: no padded keys, no mask, one call per sequence instead of a dozen
-tensor ops over the padded batch. A decode step of the demo model spent 0.1 ms per
-layer in the vectorized form, more than all its other ops together. Prefill and
+tensor ops over the padded batch, which cost the demo model's CPU decode step more than
+all its other ops together (docs/PERF.md#engine-and-host). Prefill and
 varlen attention in fp32 on the CPU without softcap call SDPA per sequence and query
 chunk as well (with the causal/window mask as a boolean mask). The tests keep their
 ground truth in float64, which takes the explicit form.

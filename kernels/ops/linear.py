@@ -1,20 +1,18 @@
 """y = x W^T (+ b) for the decoder's projections, with a Triton GEMV for the one row of a batch-1 decode step.
 
 A decode step of one sequence multiplies one row by every weight matrix once: the time is the weight read.
-cuBLAS's kernels for these shapes read a 2048 x 2048 matrix at about 30-37% of an H200's HBM rate
-(benchmarks/results/engine.md), and each waits for the kernel before it to end before it starts. The GEMV here
-gives each program `block_n` rows of W and the whole K. Its first weight tile is loaded before the program waits
+cuBLAS's kernels for these shapes read small matrices well under the HBM rate, and each waits for the kernel
+before it to end before it starts. The GEMV here gives each program `block_n` rows of W and the whole K. Its first weight tile is loaded before the program waits
 for the previous kernel (programmatic dependent launch, sm_90: weights are no kernel's output), so the read
 starts while the kernel before it still runs. The products accumulate in fp32 on the CUDA cores (one FMA per
 weight element is far under their rate) and the sum is rounded once to the output dtype.
 
-Two or more rows go to torch's GEMM (cuBLAS): this kernel, sweeping its weight tile once per row, measured
-slower than cuBLAS from two rows on (benchmarks/results/gemv_NVIDIA_H200.md). So does a row launched eagerly on a
-GPU: an eager decode step is host-bound, and a Triton launch from Python costs the host more than cuBLAS's 12.5 us
-(the engine bench's eager batch-1 rate fell from 123 to 85 steps/s with the GEMV in eager steps,
-benchmarks/results/engine.md). The GEMV runs where a CUDA graph captures it (the engine's decode steps), whose
-replays cost the host nothing per kernel, on GPUs with programmatic dependent launch (sm_90 and newer: the H200
-is where it was measured), and in the interpreter (tests). The reference is `F.linear`.
+Two or more rows go to torch's GEMM (cuBLAS): this kernel, sweeping its weight tile once per row, is slower than
+cuBLAS from two rows on. So does a row launched eagerly on a GPU: an eager decode step is host-bound, and a
+Triton launch from Python costs the host more than cuBLAS's. The GEMV runs where a CUDA graph captures it (the
+engine's decode steps), whose replays cost the host nothing per kernel, on GPUs with programmatic dependent
+launch (sm_90 and newer), and in the interpreter (tests). The reference is `F.linear`. benchmarks/gemv.py and
+benchmarks/engine.py measure it; docs/PERF.md#gemv-and-linear has the figures.
 """
 
 from __future__ import annotations
@@ -44,14 +42,9 @@ class GemvConfig:
 
 def gemv_config(n: int, k: int) -> GemvConfig:
     """The GEMV's tiles for W [n, k]: 8 rows of W per program, read 1024 columns at a time (16 KB in 16-bit
-    types; one step covers a shorter K).
-
-    Chosen on an H200 in the engine's batch-1 decode step (llama-1b shape, bf16, CUDA graphs; 2026-12-01, one
-    lease, two interleaved rounds): 8 x 1024 and 4 x 2048 ran 1152-1156 steps/s, 4 x 1024 1140-1143 and 8 x 2048
-    1094-1097. Alone (benchmarks/results/gemv_NVIDIA_H200.md sweeps 1-16 rows by 512-2048 columns over the
-    projections of Llama 1B and Llama 2 7B layers and their LM heads) 8 x 1024 is within 14% of each shape's best
-    tile and 4% on average; in the step, the first tile each program loads before its dependent-launch wait is
-    what the kernel before it hides, so the larger first tiles gain there.
+    types; one step covers a shorter K). The first tile each program loads before its dependent-launch wait is
+    what the kernel before it hides, so larger first tiles gain in the engine's step. Chosen by
+    benchmarks/engine.py and benchmarks/gemv.py; see docs/PERF.md#gemv-and-linear.
     """
     return GemvConfig(8, min(1024, triton.next_power_of_2(k)), 4)
 
@@ -118,8 +111,7 @@ def linear_reference(x, weight, bias=None, out_dtype=None):
 def takes_gemv(x) -> bool:
     """Whether `x`'s product runs the GEMV: one row, interpreted (tests), or captured into a CUDA graph on a GPU
     with programmatic dependent launch (sm_90 and newer). The module's docstring says why not eagerly; without
-    dependent launch the GEMV loses the head start its gains were measured with (on the H200), and no other
-    arch was measured, so they keep cuBLAS."""
+    dependent launch the GEMV loses the head start its gains were measured with, so those GPUs keep cuBLAS."""
     if x.shape[0] > GEMV_MAX_TOKENS:
         return False
     if not x.is_cuda:

@@ -29,10 +29,9 @@ logger = logging.getLogger(__name__)
 
 def deliver(streams: dict, items) -> None:
     """Hand (request id, output or error) pairs to their streams (`streams`: request id -> (event loop, queue)):
-    one wake-up of each event loop for all of a step's outputs. A wake-up per output cost the engine thread 1.8 ms
-    per step of 128 streams against 64 us so (medians of 3 rounds) on a 2-core CPU
-    (benchmarks/results/host_outputs_cpu.md): every
-    call_soon_threadsafe writes to the loop's self-pipe and contends for the GIL with the loop it wakes."""
+    one wake-up of each event loop for all of a step's outputs. A wake-up per output costs the engine thread far
+    more (benchmarks/host_outputs.py; docs/PERF.md#engine-and-host): every call_soon_threadsafe writes to the
+    loop's self-pipe and contends for the GIL with the loop it wakes."""
     batches: dict[asyncio.AbstractEventLoop, list] = {}
     for request_id, item in items:
         entry = streams.get(request_id)

@@ -16,12 +16,10 @@ grouped into aligned runs, and a sequence's table is kept in stretches of consec
 grows takes the id after its last block where that one is free, else starts a wholly free run, else the
 longest free stretch that no other table would continue into (`_take_free`). Sequences growing together
 (a decode batch takes a block every block_size steps) would otherwise interleave their blocks one by one.
-Pages read in stretches are faster: on the H200 (2026-12-01, .exp probe recorded in
-benchmarks/results/paged_read_NVIDIA_H200.md; MHA fp16, 16-token pages of 128 KB per layer's K) the
-decode's loader read uniformly shuffled pages 0.5-0.9% slower than the same pages in shuffled runs of
-512 KB (4 pages) or 2 MB, which read as fast as pages in order. Cached content is kept as before while
-never-hashed blocks are free; once none is, the eviction prefers a table's next id within its run and
-wholly free runs (oldest first) to the least recently freed block.
+Pages read in stretches of RUN_BYTES or more read as fast as pages in order, shuffled single pages slower
+(docs/PERF.md#engine-and-host). Cached content is kept as before while never-hashed blocks are free; once
+none is, the eviction prefers a table's next id within its run and wholly free runs (oldest first) to the least
+recently freed block.
 """
 
 from __future__ import annotations

@@ -13,11 +13,8 @@ decode uses too). A bucket's graph is captured once per distinct plan: the conte
 buckets that plan alike share it.
 
 Why per context: the plan's context bound sets its split count and config. Planned at
-max_model_len, a step of short sequences splits as if they were long: on an H200
-(2026-12-01, benchmarks/decode_context_plan.py, fp16, heads 32/8) 128 sequences of 1k keys
-at a 32k bound split 9 ways and took 163.1 us per layer's attention against 123.3 planned at
-1k (unsplit); 64 of 512 keys 87.3 against 33.6 (19 splits against one, packed); one of 1k
-5.7 against 5.2.
+max_model_len, a step of short sequences splits as if they were long, and takes up to
+2.6x the time (benchmarks/decode_context_plan.py; docs/PERF.md#engine-and-host).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ class Completion:
         self.seq = seq
         params = seq.params
         # Not streamed and no stop string to look for: no step needs the text, so the tokens are detokenized in
-        # bursts of DEFERRED_TOKENS (the detokenizer stays in cache: 0.89x the host time at batch 128,
-        # benchmarks/results/host_outputs_cpu.md) and at the end. The first burst comes after 1..DEFERRED_TOKENS
+        # bursts of DEFERRED_TOKENS (the detokenizer stays in cache: less host time, benchmarks/host_outputs.py and
+        # docs/PERF.md#engine-and-host) and at the end. The first burst comes after 1..DEFERRED_TOKENS
         # tokens, by sequence id, so requests added together burst on different steps instead of all on one
         self.deferred = not stream and not any(params.stop)
         self.burst_at = 1 + seq.seq_id % DEFERRED_TOKENS

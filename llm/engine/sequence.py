@@ -21,8 +21,8 @@ from vlchat.llm.sampling_params import SamplingParams
 class GrowingListCopy:
     """An int32 array copy of a list that only grows by appends or is replaced by another list (a sequence's tokens
     and block table), kept up to date by copying only what was appended since the last call: per-step batch tables
-    built from the lists themselves cost O(context) per sequence and step (3.2 ms for 128 sequences of 2048 blocks
-    on a CPU core, 8 ms for the penalty tables of 128 sequences of 4200 tokens)."""
+    built from the lists themselves cost O(context) per sequence and step (milliseconds at batch 128:
+    docs/PERF.md#engine-and-host)."""
 
     __slots__ = ("array", "src", "synced")
 

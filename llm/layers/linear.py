@@ -82,7 +82,7 @@ class Linear(nn.Module):
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         # x: [..., in_features] -> [..., out_features]; a graph-captured decode step's one row takes the GEMV.
         # More rows run the GEMM whatever the backend (kernels.ops.linear): called here without the dispatch's
-        # host cost (4 us a call on the H200's host)
+        # host cost (docs/PERF.md#gemv-and-linear)
         if x.numel() > GEMV_MAX_TOKENS * self.in_features:
             return F.linear(x, self.weight, bias)
         rows = x.reshape(-1, self.in_features)
