@@ -50,6 +50,8 @@ class TPGroup:
 
 
 SINGLE = TPGroup()
+# torch >= 2.14 names all_gather_into_tensor all_gather_single (and warns on the old name)
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def check_shardable(hf_config, size: int) -> None:
@@ -80,7 +82,7 @@ def all_gather(x: torch.Tensor, size: int) -> torch.Tensor:
     """x: [rows, n] on each of `size` ranks -> [rows, size * n], rank r's columns at [r * n, (r + 1) * n)."""
     rows, n = x.shape
     out = torch.empty((size * rows, n), dtype=x.dtype, device=x.device)  # the ranks' blocks of rows, in rank order
-    dist.all_gather_single(out, x.contiguous())
+    _all_gather_into(out, x.contiguous())
     return out.view(size, rows, n).permute(1, 0, 2).reshape(rows, size * n)
 
 

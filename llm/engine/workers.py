@@ -39,6 +39,7 @@ from vlchat.llm.errors import TensorParallelError, VLChatError, WorkerDiedError
 logger = logging.getLogger(__name__)
 
 ACCEPT_POLL_S = 0.5
+PEER_EXIT_GRACE_S = 2.0  # how long a worker's error waits for a dead peer's connection to close (see _fail)
 _CLOSED = object()  # a worker's connection closed: its process exited
 
 
@@ -170,6 +171,11 @@ class WorkerGroup:
         """Stop every worker and raise what went wrong first. A worker whose connection closed without a word
         died (its peers then fail in their collectives and report that): it is the one named."""
         reports = {r: message if r == i else self._pending_message(conn) for r, conn in enumerate(self.conns)}
+        if message is not _CLOSED and _CLOSED not in reports.values():
+            # a worker reported an error: if a peer's death caused it, that peer's connection closes a moment later
+            quiet = [conn for r, conn in enumerate(self.conns) if reports[r] is None]
+            for conn in wait(quiet, timeout=PEER_EXIT_GRACE_S):
+                reports[self.conns.index(conn)] = self._pending_message(conn)
         closed = [r for r, m in reports.items() if m is _CLOSED]
         errors = [(r, m) for r, m in reports.items() if m is not _CLOSED and m is not None and m[0] == "error"]
         if closed:
