@@ -12,6 +12,7 @@ step raise WorkerDiedError instead of hanging.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -130,18 +131,21 @@ def test_heads_that_do_not_split_are_refused_before_workers_start(llama_dir):
 
 
 @pytest.mark.timeout(120)  # guards the property under test: a dead worker must not leave the engine waiting
-async def test_killed_worker_stops_the_engine(text_llm):
+def test_killed_worker_stops_the_engine(text_llm):
     """Runs last in this module: it stops the shared engine."""
     engine = AsyncEngine(text_llm.engine)
+
+    async def generate(request_id: str) -> None:
+        async for _ in engine.generate(request_id, TEXT_PROMPTS[0], PARAMS):
+            pass
+
     try:
         os.kill(text_llm.engine.runner.procs[1].pid, signal.SIGKILL)
         with pytest.raises(WorkerDiedError, match="rank 1"):
-            async for _ in engine.generate("a", TEXT_PROMPTS[0], PARAMS):
-                pass
+            asyncio.run(generate("a"))
         assert engine.errored  # GET /health answers 503
         with pytest.raises(WorkerDiedError):  # every later request fails at once
-            async for _ in engine.generate("b", TEXT_PROMPTS[0], PARAMS):
-                pass
+            asyncio.run(generate("b"))
         with pytest.raises(WorkerDiedError):
             text_llm.generate(TEXT_PROMPTS[:1], PARAMS)
         assert not text_llm.engine.runner.procs  # the surviving worker was stopped too
