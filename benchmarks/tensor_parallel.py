@@ -69,7 +69,8 @@ def _all_reduce_rank(rank: int, world: int, port: int, hidden: int, calls: int, 
     if cuda:
         from benchmarks.gpu_timing import graph_time_us
 
-        per_call = graph_time_us([lambda: dist.all_reduce(x)], min_calls=calls)
+        # both ranks replay the graph the same number of times: unequal counts of collectives would hang
+        per_call = graph_time_us([lambda: dist.all_reduce(x)], reps=30, min_calls=calls)
     else:
         t0 = time.perf_counter()
         for _ in range(calls):
