@@ -228,10 +228,10 @@ class WorkerGroup:
     def close(self) -> None:
         for conn in self.conns:
             try:
-                conn.send(None)
-                conn.close()
+                conn.send(None)  # the worker's loop ends
             except OSError:
-                pass
+                pass  # it is gone already
+            conn.close()
         self.conns = []
         for proc in self.procs:
             try:
