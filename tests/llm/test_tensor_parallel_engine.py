@@ -1,7 +1,8 @@
 """The engine with tensor_parallel_size > 1 (worker processes on gloo, fp32 CPU) against the same engine in one process.
 
-Greedy tokens must be identical and the top-5 logprobs of every generated token within 1e-4,
-through the whole engine: scheduler, step messages, worker mirrors, paged KV pools per rank,
+Greedy tokens must be identical and the top-5 logprobs of every generated token within 1e-4 (and
+seeded sampling draws the same tokens), through the whole engine: scheduler, step messages, worker
+mirrors, async scheduling (each step launched before the last one's tokens are back), paged KV pools per rank,
 a KV pool small enough that sequences are preempted and recomputed (their block tables
 replaced), and a VLM whose replicated vision tower feeds the sharded decoder (tp=4 over a
 decoder with 2 KV heads: each KV head on two ranks; tp=2 with the workers started by two
@@ -34,12 +35,16 @@ ATOL = 1e-4
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
 TEXT_PROMPTS = ["Hello world", "The quick brown fox jumps", "Once upon a time there was", "0123456789 + - *"]
 ENGINE = dict(device="cpu", num_blocks=12, block_size=4, max_num_seqs=4)  # small enough that a sequence is preempted
+# the text engine launches each step before the previous one's tokens reach the host, as on GPUs: decode rows
+# read their input token on each rank's device, and rank 0 answers a step once the next one is queued
+ASYNC = dict(async_scheduling=True)
+SEEDED = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True)
 
 
-def _generate(model_dir, prompts, tp: int):
-    llm = LLM(str(model_dir), tensor_parallel_size=tp, **ENGINE)
+def _generate(model_dir, prompts, tp: int, params=PARAMS, **engine):
+    llm = LLM(str(model_dir), tensor_parallel_size=tp, **{**ENGINE, **engine})
     try:
-        return llm.generate(prompts, PARAMS)
+        return llm.generate(prompts, params)
     finally:
         llm.close()
 
@@ -59,19 +64,21 @@ def llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_llm(llama_dir):
-    llm = LLM(str(llama_dir), tensor_parallel_size=2, **ENGINE)
+    llm = LLM(str(llama_dir), tensor_parallel_size=2, **ENGINE, **ASYNC)
     yield llm
     llm.close()
 
 
 def test_text_tp2_matches_one_process(llama_dir, text_llm, monkeypatch):
-    expected = _generate(llama_dir, TEXT_PROMPTS, tp=1)
+    expected = _generate(llama_dir, TEXT_PROMPTS, tp=1, **ASYNC)
     preempted = []
     recompute = Sequence.reset_for_recompute
     monkeypatch.setattr(Sequence, "reset_for_recompute", lambda seq: (preempted.append(seq), recompute(seq)))
     _assert_same(text_llm.generate(TEXT_PROMPTS, PARAMS), expected)
     assert preempted  # a sequence's block table was replaced and sent whole
     _assert_same(text_llm.generate(TEXT_PROMPTS[::-1], PARAMS), expected[::-1])  # the workers dropped the finished
+    seeded = _generate(llama_dir, TEXT_PROMPTS, tp=1, params=SEEDED, **ASYNC)  # every rank draws the same tokens
+    assert [o.token_ids for o in text_llm.generate(TEXT_PROMPTS, SEEDED)] == [o.token_ids for o in seeded]
 
 
 QUESTION = {"type": "text", "text": "What is this?"}
