@@ -32,6 +32,20 @@ class PromptTooLongError(InvalidRequestError):
         )
 
 
+class RequestFailedError(VLChatError, RuntimeError):
+    """The engine failed while generating this request; the other requests go on. The server log has the cause."""
+
+    http_status = 500
+
+    def __init__(self, request_id: str, cause: BaseException) -> None:
+        self.request_id = request_id
+        self.cause = cause
+        super().__init__(
+            f"the engine failed while generating request {request_id} ({type(cause).__name__}: {cause}); "
+            "other requests are not affected. Retry it, or report it with the server log if it fails again"
+        )
+
+
 class ModelLoadError(VLChatError):
     """A model directory cannot be loaded (missing files, unreadable config, bad weights)."""
 

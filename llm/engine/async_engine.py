@@ -208,10 +208,12 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving new ones
+            except Exception as e:  # noqa: BLE001 - not pinned on a request (the scheduler): fail all, serve new ones
                 logger.exception("engine step failed; aborting the running requests")
                 for request_id in list(self.engine.requests):
                     self.engine.abort(request_id)
                     self._deliver(request_id, RuntimeError(f"the engine failed while generating: {e}"))
                 continue
-            deliver(self._streams, [(out.request_id, out) for out in outputs])
+            items = [(out.request_id, out) for out in outputs]
+            items += [(error.request_id, error) for error in self.engine.take_failures()]  # each failed alone
+            deliver(self._streams, items)
