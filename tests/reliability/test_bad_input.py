@@ -74,6 +74,16 @@ TEXT_CASES = [
     ("seed-out-of-range", ask(seed=2**64), 400, "seed"),
     ("top-k-below-minus-one", ask(top_k=-2), 400, "top_k"),
     ("repetition-penalty-zero", ask(repetition_penalty=0), 400, "repetition_penalty"),
+    # top_k past the sampler's integers used to fail the whole batch's step (every running request)
+    ("top-k-2-to-the-63", ask(top_k=2**63, top_p=0.5), 400, "top_k"),
+    ("top-k-10-to-the-30", ask(top_k=10**30, top_p=0.5), 400, "top_k"),
+    # fields the server does not implement yet are refused by name, not accepted and ignored
+    ("response-format", ask(response_format={"type": "json_object"}), 400, "response_format"),
+    ("tools", ask(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("logit-bias", ask(logit_bias={"50": 100}), 400, "logit_bias"),
+    ("logprobs", ask(logprobs=True), 400, "logprobs"),
+    ("presence-penalty", ask(presence_penalty=1.0), 400, "presence_penalty"),
+    ("frequency-penalty-out-of-range", ask(frequency_penalty=50), 400, "frequency_penalty"),
     ("prompt-over-max-model-len", {"messages": [{"role": "user", "content": "hello " * 400}]}, 400, "context"),
     ("prompt-over-max-model-len-stream", {"messages": [{"role": "user", "content": "hello " * 400}], "stream": True},
      400, "context"),
@@ -231,3 +241,22 @@ def test_oversized_bodies_are_413(vlm_server, vlm_engine):
     response = http.post(f"{vlm_server.url}{CHAT}", content=chunked(), headers=headers)
     assert_openai_error(response, 413, "limit")
     assert_healthy(vlm_server, vlm_engine)
+
+
+def test_a_tiny_temperature_is_greedy(text_server, text_engine):
+    # logits / 1e-300 overflowed: the draw picked a token at random (often an empty answer)
+    answers = []
+    for temperature in (0, 1e-300, 1e-6):
+        body = ask(temperature=temperature, max_tokens=8, ignore_eos=True)
+        response = http.post(f"{text_server.url}{CHAT}", json=body, headers=AUTH)
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["choices"][0]["message"]["content"])
+    assert answers[0] and answers == [answers[0]] * 3
+    assert_healthy(text_server, text_engine)
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted(text_server, text_engine):
+    body = ask(max_tokens=2, response_format={"type": "text"}, tools=[], logprobs=False, presence_penalty=0,
+               frequency_penalty=0.0, logit_bias={})  # fmt: skip
+    response = http.post(f"{text_server.url}{CHAT}", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
