@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
+from vlchat.app.heap import return_large_frees_to_the_system
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
@@ -139,6 +140,7 @@ def serve(config: ServerConfig) -> int:
 
     quiet_gradio_defaults()
     warn_if_unprotected(config)
+    return_large_frees_to_the_system()  # before the model loads: its large blocks follow the same rule
     model = resolve_model(config.model, served_name=config.served_model_name)
     engine = start_engine(model, config.engine_options)
     app = build_app(config, engine, model)

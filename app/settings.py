@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vlchat.app.decode_budget import DecodeBudget
 from vlchat.app.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -24,10 +25,18 @@ class MediaLimits:
     max_images_per_request: int = 8
     remote_timeout_s: float = 10.0
     max_aspect_ratio: float = 200.0  # processors scale the short side up: a 1 x 20000 strip would take gigabytes
+    max_request_pixels: int = 80_000_000  # all images of one request together, as their headers declare them
+    max_working_pixels: int = 4_194_304  # larger images are scaled down (aspect kept) before the model's processor
+    max_decode_bytes: int = 256 * 1024 * 1024  # image decoding of the whole server at once (app/decode_budget.py)
+    decode_wait_s: float = 30.0  # a decode that waits longer for room answers 503
+    decoding: DecodeBudget = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.max_image_bytes <= 0 or self.max_image_pixels <= 0 or self.max_images_per_request <= 0:
+        limits = (self.max_image_bytes, self.max_image_pixels, self.max_images_per_request, self.max_request_pixels,
+                  self.max_working_pixels, self.max_decode_bytes)  # fmt: skip
+        if min(limits) <= 0:
             raise ConfigError("image limits must be positive")
+        self.decoding = DecodeBudget(self.max_decode_bytes, self.decode_wait_s)
         if self.max_aspect_ratio < 1:
             raise ConfigError("max_aspect_ratio must be at least 1")
         if self.allowed_local_dir is not None:
