@@ -46,6 +46,19 @@ class RequestFailedError(VLChatError, RuntimeError):
         )
 
 
+class TextTooLongError(InvalidRequestError):
+    """The prompt's text is too long to fit the context whatever it tokenizes to (found before tokenizing it)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, num_chars: int, max_chars: int, max_model_len: int) -> None:
+        self.num_chars, self.max_chars, self.max_model_len = num_chars, max_chars, max_model_len
+        super().__init__(
+            f"the prompt has {num_chars} characters of text; no text over {max_chars} characters fits the model's "
+            f"context of {max_model_len} tokens. Shorten the conversation"
+        )
+
+
 class ModelLoadError(VLChatError):
     """A model directory cannot be loaded (missing files, unreadable config, bad weights)."""
 

@@ -20,7 +20,7 @@ from vlchat.llm.engine.request import Request
 from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, RequestFailedError
-from vlchat.llm.inputs import MultiModalPrompt, normalize_prompt
+from vlchat.llm.inputs import MultiModalPrompt, max_prompt_chars, normalize_prompt
 from vlchat.llm.outputs import RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.tokenizer import load_tokenizer, stop_token_ids
@@ -50,6 +50,7 @@ class LLMEngine:
         self.processor = None  # multimodal models load their HF processor lazily (see _processor)
         self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
         self.eos_token_ids = stop_token_ids(self.tokenizer, config.model, self.hf_config)
+        self.max_prompt_chars = max_prompt_chars(self.tokenizer, self.max_model_len)  # text refused untokenized
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
             sched.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
@@ -96,7 +97,8 @@ class LLMEngine:
 
     def normalize_prompt(self, prompt, mm_options=None) -> MultiModalPrompt:
         """Tokenize / run the processor (thread-safe: AsyncEngine calls it off the engine thread)."""
-        return normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options)
+        return normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options,
+                                self.max_prompt_chars, self.max_model_len)  # fmt: skip
 
     def add_request(
         self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None, stream: bool = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -77,3 +78,23 @@ def test_a_request_over_the_pixel_budget_is_refused_before_decoding(server):
     rise = server.peak_mb() - idle
     print(f"refused in {elapsed:.2f} s, peak rise {rise:.0f} MB")
     assert rise < 100
+
+
+def test_a_30_mb_text_is_refused_before_it_is_tokenized(server):
+    """30 MB of text (within the default 64 MB body limit) took 46 s and 5.7 GB before its 400; the text's length
+    alone shows it cannot fit the context, so it is refused before the tokenizer sees it."""
+    body = {"messages": [{"role": "user", "content": "hello world " * (30 * MB // 12)}], "max_tokens": 2}
+    content = json.dumps(body).encode()  # encoded beforehand: the time measured is the server's
+    idle = server.rss_mb()
+    server.reset_peak()
+    start = time.monotonic()
+    response = httpx.post(f"{server.url}/v1/chat/completions", content=content, timeout=300,
+                          headers={"Content-Type": "application/json"})  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert response.status_code == 400, response.text[:500]
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "characters" in error["message"], error
+    rise = server.peak_mb() - idle
+    print(f"30 MB text refused in {elapsed:.2f} s, peak rise {rise:.0f} MB")
+    assert elapsed < 10  # 1 s or less measured; the margin is for a loaded CI machine
+    assert rise < 200
