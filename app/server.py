@@ -14,6 +14,7 @@ from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
 from vlchat.app.heap import return_large_frees_to_the_system
+from vlchat.app.host_guard import HostGuard
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
@@ -98,6 +99,8 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         if not config.media.allow_remote:
             app.add_middleware(RemoteFileGuard)  # inside the body limit: it reads bounded bodies only
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
+    allowed = (*config.allowed_hosts, *(("*.gradio.live",) if config.share else ()))
+    app.add_middleware(HostGuard, host=config.host, allowed_hosts=allowed)  # outermost: the first to run
     return app
 
 

@@ -56,6 +56,7 @@ class ServerConfig:
     share: bool = False
     auth: tuple[str, str] | None = None
     api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # Host header names answered besides 127.0.0.1, localhost and `host`
     served_model_name: str | None = None
     media: MediaLimits = field(default_factory=MediaLimits)
     max_request_bytes: int = 64 * 1024 * 1024
