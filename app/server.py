@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
+from vlchat.app.head_guard import HeadGuard
 from vlchat.app.heap import return_large_frees_to_the_system
-from vlchat.app.host_guard import HostGuard
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
@@ -100,7 +100,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
             app.add_middleware(RemoteFileGuard)  # inside the body limit: it reads bounded bodies only
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     allowed = (*config.allowed_hosts, *(("*.gradio.live",) if config.share else ()))
-    app.add_middleware(HostGuard, host=config.host, allowed_hosts=allowed)  # outermost: the first to run
+    app.add_middleware(HeadGuard, host=config.host, allowed_hosts=allowed)  # outermost: the first to run
     return app
 
 

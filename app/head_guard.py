@@ -1,4 +1,10 @@
-"""Refuse requests whose Host header names a host this server was not started for (DNS rebinding).
+"""Checks of a request's head before anything reads it: its Host (DNS rebinding) and its framing.
+
+Framing (RFC 9112 section 6.3): a request with both Transfer-Encoding and Content-Length, or with
+more than one Content-Length, may be read differently by a proxy in front and by this server
+(request smuggling); it is refused with 400 and the connection closed.
+
+Host: refuse requests whose Host header names a host this server was not started for.
 
 A web page on another origin can point a name it controls at 127.0.0.1 and then drive a loopback
 server from the visitor's browser; its requests carry that name in Host. Allowed: 127.0.0.1,
@@ -37,7 +43,7 @@ def _is_ip(name: str) -> bool:
     return True
 
 
-class HostGuard:
+class HeadGuard:
     def __init__(self, app, host: str, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.app = app
         self.any_host = "*" in allowed_hosts
@@ -55,16 +61,27 @@ class HostGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        hosts = [v.decode("latin-1") for k, v in scope.get("headers") or [] if k == b"host"]
-        if len(hosts) == 1 and self.allows(host_name(hosts[0])):
-            return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            return await send({"type": "websocket.close", "code": 1008})
-        shown = hosts[0][:100] if hosts else "(none)"
-        message = (f"this server does not answer to the host name {shown!r}; start it with --allowed-hosts NAME "
-                   "to allow it")  # fmt: skip
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": "host_not_allowed"}}).encode()  # fmt: skip
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 400, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        headers = scope.get("headers") or []
+        hosts = [v.decode("latin-1") for k, v in headers if k == b"host"]
+        if not (len(hosts) == 1 and self.allows(host_name(hosts[0]))):
+            if scope["type"] == "websocket":
+                return await send({"type": "websocket.close", "code": 1008})
+            shown = hosts[0][:100] if hosts else "(none)"
+            message = (f"this server does not answer to the host name {shown!r}; start it with --allowed-hosts "
+                       "NAME to allow it")  # fmt: skip
+            return await _refuse(send, message, "host_not_allowed")
+        lengths = sum(k == b"content-length" for k, _ in headers)
+        if lengths > 1 or (lengths and any(k == b"transfer-encoding" for k, _ in headers)):
+            message = ("a request may carry Content-Length or Transfer-Encoding, not both, and one Content-Length "
+                       "at most (RFC 9112 section 6.3)")  # fmt: skip
+            return await _refuse(send, message, "ambiguous_framing")
+        return await self.app(scope, receive, send)
+
+
+async def _refuse(send, message: str, code: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()  # fmt: skip
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]  # fmt: skip
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
