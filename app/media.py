@@ -20,6 +20,7 @@ import binascii
 import io
 import math
 import os
+import stat
 import warnings
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -31,6 +32,7 @@ from vlchat.app.errors import ForbiddenMediaError, MediaError
 from vlchat.app.settings import MediaLimits
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF")
+MAX_PATH_CHARS = 4096
 ImageSource = str | bytes | os.PathLike | Image.Image
 
 
@@ -122,6 +124,10 @@ def fetch_remote(url: str, limits: MediaLimits) -> bytes:
 
 
 def read_local(path: str, limits: MediaLimits, *, trusted: bool = False) -> bytes:
+    if "\x00" in path:
+        raise MediaError("image paths may not contain NUL characters")
+    if len(path) > MAX_PATH_CHARS:
+        raise MediaError(f"image paths may be {MAX_PATH_CHARS} characters long at most")
     if not trusted:
         root = limits.allowed_local_dir
         if root is None:
@@ -135,16 +141,34 @@ def read_local(path: str, limits: MediaLimits, *, trusted: bool = False) -> byte
         if os.path.commonpath([real, root]) != root:
             raise ForbiddenMediaError(f"image paths must lie inside the allowed media directory {root}")
         path = real
+    return _read_regular_file(path, limits.max_image_bytes)
+
+
+def _read_regular_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`. Anything else (FIFO, socket, device, directory) is refused without
+    waiting on it: the file is opened non-blocking, and checked both before opening and on the opened descriptor
+    (it may have been replaced in between)."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
     try:
-        size = os.path.getsize(path)
-        if size > limits.max_image_bytes:
-            raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
-        with open(path, "rb") as f:
-            return f.read()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise MediaError(f"no image file at {path}") from None
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise MediaError(f"{shown} is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise MediaError(f"no image file at {shown}") from None
     except PermissionError:
-        raise ForbiddenMediaError(f"the server may not read {path}") from None
+        raise ForbiddenMediaError(f"the server may not read {shown}") from None
+    except OSError as exc:  # a symlink loop, a name too long, a socket...
+        raise MediaError(f"cannot open {shown}: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise MediaError(f"{shown} is not a regular file")
+        if info.st_size > max_bytes:
+            raise MediaError(f"the image is larger than the {max_bytes} byte limit")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew while being read
+        raise MediaError(f"the image is larger than the {max_bytes} byte limit")
+    return data
 
 
 def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:

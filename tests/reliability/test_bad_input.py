@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,14 @@ def _bad_image_cases(media_root) -> list:
         ("symlink-to-file-outside", with_images("link-out.png"), 403, "inside the allowed"),
         ("symlink-to-dir-outside", with_images("dir-out/outside-secret.png"), 403, "inside the allowed"),
         ("missing-file-inside", with_images("no-such.png"), 400, "no image file"),
-        ("directory-inside", with_images("subdir"), 400, "no image file"),
+        ("directory-inside", with_images("subdir"), 400, "not a regular file"),
+        # special files: a FIFO blocked the reading thread forever (and with it every request), the rest were 500s
+        ("fifo-inside", with_images("pipe.png"), 400, "not a regular file"),
+        ("socket-inside", with_images("sock.png"), 400, "not a regular file"),
+        ("symlink-loop-inside", with_images("loop.png"), 400, "cannot open"),
+        ("nul-byte-in-path", with_images("inside.png\x00.txt"), 400, "NUL"),
+        ("5000-character-name", with_images("a" * 5000 + ".png"), 400, "characters long at most"),
+        ("255-plus-character-component", with_images("a" * 300 + ".png"), 400, "cannot open"),
     ]  # fmt: skip
 
 
@@ -187,9 +195,15 @@ def media_files(media_root):
     outside.write_bytes(red_png())
     (media_root / "inside.png").write_bytes(red_png())
     (media_root / "subdir").mkdir(exist_ok=True)
-    for link, target in (("link-out.png", outside), ("dir-out", media_root.parent)):
+    for link, target in (("link-out.png", outside), ("dir-out", media_root.parent), ("loop.png", "loop.png")):
         if not (media_root / link).is_symlink():
             os.symlink(target, media_root / link)
+    if not (media_root / "pipe.png").exists():
+        os.mkfifo(media_root / "pipe.png")
+    if not (media_root / "sock.png").exists():
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(media_root / "sock.png"))
+        listener.close()
     return media_root
 
 
@@ -260,3 +274,17 @@ def test_neutral_values_of_unimplemented_fields_are_accepted(text_server, text_e
                frequency_penalty=0.0, logit_bias={})  # fmt: skip
     response = http.post(f"{text_server.url}{CHAT}", json=body, headers=AUTH)
     assert response.status_code == 200, response.text
+
+
+def test_fifos_do_not_stall_other_requests(vlm_server, vlm_engine, text_server, text_engine, media_files):
+    """More FIFO requests at once than the server has worker threads, then a text request: all answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fifo_request(_):
+        return http.post(f"{vlm_server.url}{CHAT}", json=with_images("pipe.png"), headers=AUTH).status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        assert list(pool.map(fifo_request, range(24))) == [400] * 24
+    response = http.post(f"{text_server.url}{CHAT}", json=ask(max_tokens=2), headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert_healthy(vlm_server, vlm_engine)
