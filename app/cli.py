@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "--host ('*': any; against DNS rebinding, the default answers only those)")  # fmt: skip
     serve.add_argument("--served-model-name", help="the model name the API reports")
     serve.add_argument("--allow-remote-images", action="store_true", help="let requests name http(s) image URLs")
+    serve.add_argument("--allow-private-image-hosts", action="store_true",
+                       help="with --allow-remote-images, also fetch from loopback and private addresses "
+                       "(never link-local); by default only public addresses are fetched from")  # fmt: skip
     serve.add_argument("--allowed-local-media-path", metavar="DIR", help="let requests name image files inside DIR")
     serve.add_argument("--max-images", type=int, default=8, help="images per request at most (default: 8)")
 
@@ -70,6 +73,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     env = read_env()
     media = MediaLimits(
         allow_remote=args.allow_remote_images,
+        allow_private_remote=args.allow_private_image_hosts,
         allowed_local_dir=args.allowed_local_media_path,
         max_images_per_request=args.max_images,
     )

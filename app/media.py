@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from vlchat.app.errors import ForbiddenMediaError, MediaError
+from vlchat.app.remote_fetch import fetch_remote
 from vlchat.app.settings import MediaLimits
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF")
@@ -98,29 +99,6 @@ def decode_data_url(url: str, limits: MediaLimits) -> bytes:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError):
         raise MediaError("the data: URL payload is not valid base64") from None
-
-
-def fetch_remote(url: str, limits: MediaLimits) -> bytes:
-    if not limits.allow_remote:
-        raise ForbiddenMediaError(
-            "remote image URLs are disabled on this server; send the image as a data: URL "
-            "(or start the server with --allow-remote-images)"
-        )
-    import httpx
-
-    chunks, total = [], 0
-    try:
-        with httpx.stream("GET", url, timeout=limits.remote_timeout_s, follow_redirects=True) as response:
-            if response.status_code != 200:
-                raise MediaError(f"fetching the image returned HTTP {response.status_code}")
-            for chunk in response.iter_bytes():
-                total += len(chunk)
-                if total > limits.max_image_bytes:
-                    raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
-                chunks.append(chunk)
-    except httpx.HTTPError as exc:
-        raise MediaError(f"could not fetch the image: {type(exc).__name__}") from None
-    return b"".join(chunks)
 
 
 def read_local(path: str, limits: MediaLimits, *, trusted: bool = False) -> bytes:

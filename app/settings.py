@@ -19,6 +19,7 @@ class MediaLimits:
     """What an image may be; shared by the API, the UI and the terminal chat."""
 
     allow_remote: bool = False
+    allow_private_remote: bool = False  # remote images from loopback and private addresses (never link-local)
     allowed_local_dir: str | None = None
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000

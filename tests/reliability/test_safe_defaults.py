@@ -115,7 +115,7 @@ def test_no_remote_fetch_unless_allowed(vlm_server, vlm_engine, counting_http_se
     assert_openai_error(response, 403, "--allow-remote-images")
     assert hits == [], "the server fetched a remote image it was not allowed to"
     allowed = start_server(vlm_engine, ModelChoice("x", "vlchat-demo"), with_ui=False,
-                           media=MediaLimits(allow_remote=True))  # fmt: skip
+                           media=MediaLimits(allow_remote=True, allow_private_remote=True))  # fmt: skip
     try:
         ok = http.post(f"{allowed.url}/v1/chat/completions", json=image_request(f"{url}/cat.png"))
         assert ok.status_code == 200 and hits == ["/cat.png"], ok.text
