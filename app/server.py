@@ -16,8 +16,8 @@ from vlchat.app.api.routes import build_router
 from vlchat.app.head_guard import HeadGuard
 from vlchat.app.heap import return_large_frees_to_the_system
 from vlchat.app.model_choice import ModelChoice
-from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
+from vlchat.app.ui_file_guard import UiFileGuard
 
 log = logging.getLogger("vlchat.server")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -96,8 +96,10 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         # Gradio checks that file paths in a request were uploaded by a user only once `launch()` ran;
         # a mounted app never launches, so without this any image file on the server could be named.
         blocks.has_launched = True
-        if not config.media.allow_remote:
-            app.add_middleware(RemoteFileGuard)  # inside the body limit: it reads bounded bodies only
+        from gradio.utils import get_upload_folder
+
+        readable = [get_upload_folder(), *(str(p) for p in model.example_dirs)]  # what Gradio may open
+        app.add_middleware(UiFileGuard, allowed_dirs=readable, allow_remote=config.media.allow_remote)
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     allowed = (*config.allowed_hosts, *(("*.gradio.live",) if config.share else ()))
     app.add_middleware(HeadGuard, host=config.host, allowed_hosts=allowed)  # outermost: the first to run
