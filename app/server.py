@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 import sys
@@ -64,9 +65,12 @@ class _TooLarge(Exception):
 
 def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool = True) -> FastAPI:
     """The whole server over an already started engine."""
-    app = FastAPI(title="vlchat", version=__version__, docs_url="/v1/docs", openapi_url="/v1/openapi.json")
+    if config.api_key is None:
+        app = FastAPI(title="vlchat", version=__version__, docs_url="/v1/docs", openapi_url="/v1/openapi.json")
+    else:  # the schema and docs are served by the router, behind the key like every /v1 route
+        app = FastAPI(title="vlchat", version=__version__, docs_url=None, openapi_url=None)
     install_error_handlers(app)
-    app.include_router(build_router(config, engine, model.name))
+    app.include_router(build_router(config, engine, model.name, app.openapi if config.api_key else None))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -86,7 +90,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
             app,
             blocks,
             path="/",
-            auth=config.auth,
+            auth=ui_login(config),
             max_file_size=config.media.max_image_bytes,
             allowed_paths=[str(p) for p in model.example_dirs],
             server_name=config.host,
@@ -106,6 +110,15 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
     return app
 
 
+def ui_login(config: ServerConfig):
+    """What Gradio's login accepts: --auth, or with --api-key alone any user name and the key as password, so that
+    the UI and the Gradio API behind it (which can generate too) are never open when /v1 is guarded."""
+    if config.auth is not None or config.api_key is None:
+        return config.auth
+    key = config.api_key.encode()
+    return lambda _user, password: hmac.compare_digest(str(password).encode(), key)
+
+
 def warn_if_unprotected(config: ServerConfig) -> None:
     if config.share and config.unprotected:
         bar = "!" * 78
@@ -114,9 +127,6 @@ def warn_if_unprotected(config: ServerConfig) -> None:
             f"anyone with the link can use your model and GPU. Add --auth USER:PASS and --api-key KEY.\n{bar}",
             file=sys.stderr,
         )
-    elif config.share and config.auth is None:  # --api-key guards /v1 only
-        print("warning: --share without --auth: the browser UI (and the Gradio API behind it) is open to anyone "
-              "with the link; --api-key protects /v1 only. Add --auth USER:PASS.", file=sys.stderr)  # fmt: skip
     elif config.unprotected and config.host not in LOOPBACK:
         print(f"warning: serving on {config.host} without --auth or --api-key: anyone who can reach it may use it",
               file=sys.stderr)  # fmt: skip

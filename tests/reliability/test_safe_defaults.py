@@ -239,7 +239,7 @@ def test_custom_code_in_a_model_directory_never_runs(text_model_dir, tmp_path):
 def test_share_warning_only_without_protection(capsys):
     for config, loud, ui_open in (
         (ServerConfig(share=True), True, False),  # the loud warning says it all
-        (ServerConfig(share=True, api_key="k"), False, True),  # the key guards /v1, not the UI
+        (ServerConfig(share=True, api_key="k"), False, False),  # the key guards /v1 and, as its password, the UI
         (ServerConfig(share=True, auth=("alice", "s3cret")), False, False),
         (ServerConfig(share=True, auth=("alice", "s3cret"), api_key="k"), False, False),
         (ServerConfig(), False, False),

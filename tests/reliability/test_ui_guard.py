@@ -118,3 +118,43 @@ def test_uploaded_and_example_files_still_pass(ui_server):
     events = httpx.get(f"{ui_server.url}/gradio_api/call/chat/{call.json()['event_id']}", timeout=60).text
     assert "event: complete" in events, events[:500]
     json.dumps(events)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(text_engine, text_model_dir):
+    """--api-key alone, UI on."""
+    server = start_server(text_engine, ModelChoice(str(text_model_dir), "tiny"), api_key="the-key")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/gradio_api/call/chat"),
+        ("POST", "/gradio_api/queue/join"),
+        ("POST", "/gradio_api/run/predict"),
+        ("GET", "/v1/openapi.json"),
+        ("GET", "/v1/docs"),
+    ],
+)
+def test_api_key_alone_guards_every_route_that_can_generate_or_describe(keyed_server, method, path):
+    """With --api-key and no --auth, Gradio's API generated for anyone and the API schema was open."""
+    body = {"data": [{"text": "hi", "files": []}, "", 0.0, 1.0, 2], "fn_index": 6, "session_hash": "s"}
+    response = httpx.request(method, f"{keyed_server.url}{path}", json=body if method == "POST" else None, timeout=30)
+    assert response.status_code == 401, (path, response.status_code, response.text[:200])
+
+
+def test_with_api_key_alone_the_key_opens_the_ui_and_the_schema(keyed_server):
+    from gradio_client import Client
+
+    headers = {"Authorization": "Bearer the-key"}
+    assert httpx.get(f"{keyed_server.url}/v1/openapi.json", headers=headers, timeout=30).json()["paths"]
+    assert "swagger" in httpx.get(f"{keyed_server.url}/v1/docs", headers=headers, timeout=30).text.lower()
+    client = Client(keyed_server.url, auth=("anyone", "the-key"), verbose=False)
+    try:
+        assert isinstance(client.predict({"text": "hi", "files": []}, "", 0.0, 0.95, 2, api_name="/chat"), str)
+    finally:
+        client.close()
+    with pytest.raises(Exception, match="(?i)login|credentials|auth"):
+        Client(keyed_server.url, auth=("anyone", "wrong"), verbose=False)
