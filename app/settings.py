@@ -63,6 +63,8 @@ class ServerConfig:
     max_request_bytes: int = 64 * 1024 * 1024
     max_n: int = 8
     max_stop_strings: int = 8
+    ui_concurrency: int = 64  # UI chats generating at once
+    ui_queue_size: int = 256  # UI chats waiting for a turn; more are refused as busy
     analytics_enabled: bool = False
     sampling_defaults: dict = field(default_factory=dict)  # under every request's own sampling fields
     engine_options: dict = field(default_factory=dict)
@@ -74,7 +76,8 @@ class ServerConfig:
             raise ConfigError("--auth takes USER:PASS with both parts non-empty")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key must not be empty")
-        if self.max_request_bytes <= 0 or self.max_n <= 0 or self.max_stop_strings <= 0:
+        limits = (self.max_request_bytes, self.max_n, self.max_stop_strings, self.ui_concurrency, self.ui_queue_size)
+        if min(limits) <= 0:
             raise ConfigError("request limits must be positive")
 
     @property

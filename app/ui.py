@@ -152,7 +152,8 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
             examples=examples or None,
             cache_examples=False,
             editable=True,
-            concurrency_limit=None,
+            concurrency_limit=config.ui_concurrency,  # the engine batches these; more wait in the queue
             api_name="chat",
         )
+    ui.queue(max_size=config.ui_queue_size)  # beyond it Gradio answers 503 "queue is full"
     return ui

@@ -158,3 +158,27 @@ def test_with_api_key_alone_the_key_opens_the_ui_and_the_schema(keyed_server):
         client.close()
     with pytest.raises(Exception, match="(?i)login|credentials|auth"):
         Client(keyed_server.url, auth=("anyone", "wrong"), verbose=False)
+
+
+def test_the_ui_queue_is_bounded_with_a_busy_answer(text_engine, text_model_dir):
+    """UI chats beyond the running and waiting limits are refused at once (503 "queue is full"), instead of piling
+    up without bound; the accepted ones complete."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = start_server(text_engine, ModelChoice(str(text_model_dir), "tiny"), ui_concurrency=1, ui_queue_size=2)
+    try:
+        def post(_):
+            return chat_call(server, {"text": "Tell me a long story.", "files": []})
+
+        with ThreadPoolExecutor(20) as pool:
+            responses = list(pool.map(post, range(20)))
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) <= {200, 503} and statuses.count(503) >= 1, statuses
+        assert all("queue is full" in r.text.lower() for r in responses if r.status_code == 503)
+        for response in responses:
+            if response.status_code == 200:
+                events = httpx.get(f"{server.url}/gradio_api/call/chat/{response.json()['event_id']}", timeout=120)
+                assert "event: complete" in events.text, events.text[:300]
+    finally:
+        server.stop()
+    wait_idle(text_engine)
