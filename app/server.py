@@ -16,6 +16,7 @@ from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
 from vlchat.app.head_guard import HeadGuard
 from vlchat.app.heap import return_large_frees_to_the_system
+from vlchat.app.http_protocol import GuardedH11Protocol
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
 from vlchat.app.ui_file_guard import UiFileGuard
@@ -163,7 +164,8 @@ def serve(config: ServerConfig) -> int:
         start_share_link(config)
     print(f"vlchat {__version__}: {model.describe()} at http://{config.host}:{config.port}", file=sys.stderr)
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2)
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2,
+                    http=GuardedH11Protocol)  # fmt: skip
     finally:
         engine.shutdown()
     return 0
