@@ -102,8 +102,8 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
     typed = typed_control_tokens(processor.tokenizer, hf_messages)
     if typed:  # the processor tokenizes the whole rendered text: typed markers would become real ones
         raise InvalidRequestError(
-            f"the text contains {typed[0]!r}, a control token of this model's chat format; remove it (typed "
-            "control tokens could forge conversation turns)"
+            f"the text contains {typed[0]!r}, a control token of this model's chat format; remove it: do not type "
+            "image placeholder or turn markers in the text (send images as image parts)"
         )
     text = processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
     kwargs = _image_kwargs(processor, mm_options)
