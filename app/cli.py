@@ -50,8 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 (or env VLCHAT_API_KEY)"
     )
+    serve.add_argument("--allowed-hosts", metavar="NAMES",
+                       help="comma-separated host names the server answers to besides 127.0.0.1, localhost and "
+                       "--host ('*': any; against DNS rebinding, the default answers only those)")  # fmt: skip
     serve.add_argument("--served-model-name", help="the model name the API reports")
     serve.add_argument("--allow-remote-images", action="store_true", help="let requests name http(s) image URLs")
+    serve.add_argument("--allow-private-image-hosts", action="store_true",
+                       help="with --allow-remote-images, also fetch from loopback and private addresses "
+                       "(never link-local); by default only public addresses are fetched from")  # fmt: skip
     serve.add_argument("--allowed-local-media-path", metavar="DIR", help="let requests name image files inside DIR")
     serve.add_argument("--max-images", type=int, default=8, help="images per request at most (default: 8)")
 
@@ -77,6 +83,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     env = read_env()
     media = MediaLimits(
         allow_remote=args.allow_remote_images,
+        allow_private_remote=args.allow_private_image_hosts,
         allowed_local_dir=args.allowed_local_media_path,
         max_images_per_request=args.max_images,
     )
@@ -87,6 +94,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         share=args.share,
         auth=parse_auth(args.auth or env["auth"]),
         api_key=args.api_key or env["api_key"],
+        allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         served_model_name=args.served_model_name,
         media=media,
         analytics_enabled=(env["gradio_analytics"] or "").lower() in ("1", "true"),

@@ -3,6 +3,14 @@
 Every image ends as an 8-bit RGB `PIL.Image` whose pixels were fully decoded here, so a truncated
 file, a decompression bomb or an odd mode (CMYK, 16-bit, alpha, palette, animation) never reaches
 the model's processor.
+
+Memory per request is bounded before a pixel is decoded: each image's header (size, mode) is
+checked against `max_image_pixels`, all images of a request together against
+`max_request_pixels`; a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 scale that still covers
+the working size; every image is scaled down to at most `max_working_pixels` before any mode
+conversion (a palette image by nearest neighbour first, since converting it at full size to RGBA
+costs four bytes a pixel); and each decode reserves its estimated peak in the server-wide
+`MediaLimits.decoding` budget (app/decode_budget.py) while it runs.
 """
 
 from __future__ import annotations
@@ -10,7 +18,9 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import os
+import stat
 import warnings
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -19,39 +29,59 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from vlchat.app.errors import ForbiddenMediaError, MediaError
+from vlchat.app.remote_fetch import fetch_remote
 from vlchat.app.settings import MediaLimits
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF")
+MAX_PATH_CHARS = 4096
 ImageSource = str | bytes | os.PathLike | Image.Image
 
 
 def load_image(source: ImageSource, limits: MediaLimits, *, trusted_path: bool = False) -> Image.Image:
-    """Return the image `source` names as RGB.
+    """Return the image `source` names as RGB, at most `limits.max_working_pixels` large.
 
     Args:
         source: a data: URL, an http(s) URL, a file:// URL or path, raw bytes, or a PIL image.
         limits: size limits and where images may be read from.
         trusted_path: the path came from the server itself (a Gradio upload), not from a request.
     """
+    return load_images([source], limits, trusted_path=trusted_path)[0]
+
+
+def load_images(sources: list[ImageSource], limits: MediaLimits, *, trusted_path: bool = False) -> list[Image.Image]:
+    """`load_image` for each of one request's images: every header is read and checked (with the request's total
+    pixels) before any of them is decoded."""
+    opened = [open_image(source, limits, trusted_path=trusted_path) for source in sources]
+    total = sum(image.width * image.height for image in opened)
+    if total > limits.max_request_pixels:
+        raise MediaError(
+            f"the images of this request have {total} pixels together, more than the limit of "
+            f"{limits.max_request_pixels}; send fewer or smaller images"
+        )
+    return [decode_opened(image, limits) for image in opened]
+
+
+def open_image(source: ImageSource, limits: MediaLimits, *, trusted_path: bool = False) -> Image.Image:
+    """The image `source` names, its header read and checked, its pixels not decoded yet (a PIL image as it is)."""
     if isinstance(source, Image.Image):
-        return to_rgb(_check_pixels(source, limits))
+        return _check_pixels(source, limits)
     if isinstance(source, (bytes, bytearray)):
-        return decode_image(bytes(source), limits)
+        return open_bytes(bytes(source), limits)
     if isinstance(source, os.PathLike):
-        return decode_image(read_local(os.fspath(source), limits, trusted=trusted_path), limits)
+        return open_bytes(read_local(os.fspath(source), limits, trusted=trusted_path), limits)
     if not isinstance(source, str) or not source.strip():
         raise MediaError("an image reference must be a non-empty string (data: URL, http(s) URL or file path)")
     source = source.strip()
     scheme = source.split(":", 1)[0].lower() if ":" in source else ""
     if scheme == "data":
-        return decode_image(decode_data_url(source, limits), limits)
+        return open_bytes(decode_data_url(source, limits), limits)
     if scheme in ("http", "https"):
-        return decode_image(fetch_remote(source, limits), limits)
+        return open_bytes(fetch_remote(source, limits), limits)
     if scheme == "file":
-        return decode_image(read_local(unquote(urlparse(source).path), limits, trusted=trusted_path), limits)
+        return open_bytes(read_local(unquote(urlparse(source).path), limits, trusted=trusted_path), limits)
     if len(scheme) > 1:  # a Windows drive letter is one character; anything longer is a URL scheme
         raise MediaError(f"image URLs with scheme {scheme!r} are not supported; use data:, http(s): or a file path")
-    return decode_image(read_local(source, limits, trusted=trusted_path), limits)
+    return open_bytes(read_local(source, limits, trusted=trusted_path), limits)
 
 
 def decode_data_url(url: str, limits: MediaLimits) -> bytes:
@@ -71,30 +101,11 @@ def decode_data_url(url: str, limits: MediaLimits) -> bytes:
         raise MediaError("the data: URL payload is not valid base64") from None
 
 
-def fetch_remote(url: str, limits: MediaLimits) -> bytes:
-    if not limits.allow_remote:
-        raise ForbiddenMediaError(
-            "remote image URLs are disabled on this server; send the image as a data: URL "
-            "(or start the server with --allow-remote-images)"
-        )
-    import httpx
-
-    chunks, total = [], 0
-    try:
-        with httpx.stream("GET", url, timeout=limits.remote_timeout_s, follow_redirects=True) as response:
-            if response.status_code != 200:
-                raise MediaError(f"fetching the image returned HTTP {response.status_code}")
-            for chunk in response.iter_bytes():
-                total += len(chunk)
-                if total > limits.max_image_bytes:
-                    raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
-                chunks.append(chunk)
-    except httpx.HTTPError as exc:
-        raise MediaError(f"could not fetch the image: {type(exc).__name__}") from None
-    return b"".join(chunks)
-
-
 def read_local(path: str, limits: MediaLimits, *, trusted: bool = False) -> bytes:
+    if "\x00" in path:
+        raise MediaError("image paths may not contain NUL characters")
+    if len(path) > MAX_PATH_CHARS:
+        raise MediaError(f"image paths may be {MAX_PATH_CHARS} characters long at most")
     if not trusted:
         root = limits.allowed_local_dir
         if root is None:
@@ -108,19 +119,41 @@ def read_local(path: str, limits: MediaLimits, *, trusted: bool = False) -> byte
         if os.path.commonpath([real, root]) != root:
             raise ForbiddenMediaError(f"image paths must lie inside the allowed media directory {root}")
         path = real
+    return _read_regular_file(path, limits.max_image_bytes)
+
+
+def _read_regular_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`. Anything else (FIFO, socket, device, directory) is refused without
+    waiting on it: the file is opened non-blocking, and checked both before opening and on the opened descriptor
+    (it may have been replaced in between)."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
     try:
-        size = os.path.getsize(path)
-        if size > limits.max_image_bytes:
-            raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
-        with open(path, "rb") as f:
-            return f.read()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise MediaError(f"no image file at {path}") from None
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise MediaError(f"{shown} is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise MediaError(f"no image file at {shown}") from None
     except PermissionError:
-        raise ForbiddenMediaError(f"the server may not read {path}") from None
+        raise ForbiddenMediaError(f"the server may not read {shown}") from None
+    except OSError as exc:  # a symlink loop, a name too long, a socket...
+        raise MediaError(f"cannot open {shown}: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise MediaError(f"{shown} is not a regular file")
+        if info.st_size > max_bytes:
+            raise MediaError(f"the image is larger than the {max_bytes} byte limit")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew while being read
+        raise MediaError(f"the image is larger than the {max_bytes} byte limit")
+    return data
 
 
 def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
+    return decode_opened(open_bytes(data, limits), limits)
+
+
+def open_bytes(data: bytes, limits: MediaLimits) -> Image.Image:
     if not data:
         raise MediaError("the image is empty (0 bytes)")
     if len(data) > limits.max_image_bytes:
@@ -129,16 +162,68 @@ def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=FORMATS)
-            _check_pixels(image, limits)  # before decoding a single pixel
-            image.seek(0)  # animated images: the first frame
-            _load_strict(image)
+            return _check_pixels(image, limits)  # before decoding a single pixel
     except MediaError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise MediaError(f"the image has more than {limits.max_image_pixels} pixels") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise MediaError(f"the data is not a readable image ({_reason(exc)})") from None
-    return to_rgb(image)
+
+
+def decode_opened(image: Image.Image, limits: MediaLimits) -> Image.Image:
+    """Decode an image from `open_image` within the server's decode budget; RGB, at most max_working_pixels."""
+    target = working_size(image.size, limits.max_working_pixels)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            if getattr(image, "fp", None) is not None:  # not decoded yet (a PIL image passed in may be)
+                image.seek(0)  # animated images: the first frame
+                if image.format == "JPEG" and target != image.size:
+                    image.draft(None, target)  # decodes at 1/2, 1/4 or 1/8 scale, still covering target
+            with limits.decoding.reserve(decode_cost(image, target)):
+                _load_strict(image)
+                return to_rgb(shrink(image, target))
+    except MediaError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise MediaError(f"the image has more than {limits.max_image_pixels} pixels") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise MediaError(f"the data is not a readable image ({_reason(exc)})") from None
+
+
+def working_size(size: tuple[int, int], max_pixels: int) -> tuple[int, int]:
+    """`size` scaled down, aspect kept, to at most `max_pixels` (unchanged when it fits)."""
+    width, height = size
+    if width * height <= max_pixels:
+        return size
+    scale = math.sqrt(max_pixels / (width * height))
+    return max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
+
+
+def decode_cost(image: Image.Image, target: tuple[int, int]) -> int:
+    """Estimated peak bytes of decoding `image` and bringing it to `target` as `shrink` does: the frame as Pillow
+    stores it (1, 2 or 4 bytes a pixel) and a working copy of it (premultiplied alpha, a mode conversion); for
+    palette and 1-bit images the coarse copy in RGBA twice instead; the target in RGBA twice."""
+    width, height = image.size
+    per_pixel = 1 if image.mode in ("1", "L", "P") else 2 if image.mode.startswith("I;16") else 4
+    frame = width * height * per_pixel
+    if image.mode in ("P", "PA", "1") and (width, height) != target:
+        coarse = min(width, 2 * target[0]) * min(height, 2 * target[1])
+        return frame + 2 * 4 * coarse + 2 * 4 * target[0] * target[1]
+    return 2 * frame + 2 * 4 * target[0] * target[1]
+
+
+def shrink(image: Image.Image, target: tuple[int, int]) -> Image.Image:
+    """`image` scaled down to `target` without converting it at full size: palette and 1-bit images are first
+    reduced by nearest neighbour to at most twice the target, the rest (and then those) resampled."""
+    if image.size == target:
+        return image
+    if image.mode in ("P", "PA", "1"):
+        coarse = (min(image.width, 2 * target[0]), min(image.height, 2 * target[1]))
+        image = image.resize(coarse, Image.Resampling.NEAREST)
+        image = image.convert("RGBA" if image.mode != "1" else "L")
+    return image.resize(target, Image.Resampling.LANCZOS, reducing_gap=2.0)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

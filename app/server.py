@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 import sys
@@ -13,9 +14,12 @@ from fastapi.responses import JSONResponse
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
+from vlchat.app.head_guard import HeadGuard
+from vlchat.app.heap import return_large_frees_to_the_system
+from vlchat.app.http_protocol import GuardedH11Protocol
 from vlchat.app.model_choice import ModelChoice
-from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
+from vlchat.app.ui_file_guard import UiFileGuard
 
 log = logging.getLogger("vlchat.server")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -62,9 +66,12 @@ class _TooLarge(Exception):
 
 def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool = True) -> FastAPI:
     """The whole server over an already started engine."""
-    app = FastAPI(title="vlchat", version=__version__, docs_url="/v1/docs", openapi_url="/v1/openapi.json")
+    if config.api_key is None:
+        app = FastAPI(title="vlchat", version=__version__, docs_url="/v1/docs", openapi_url="/v1/openapi.json")
+    else:  # the schema and docs are served by the router, behind the key like every /v1 route
+        app = FastAPI(title="vlchat", version=__version__, docs_url=None, openapi_url=None)
     install_error_handlers(app)
-    app.include_router(build_router(config, engine, model.name))
+    app.include_router(build_router(config, engine, model.name, app.openapi if config.api_key else None))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -84,7 +91,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
             app,
             blocks,
             path="/",
-            auth=config.auth,
+            auth=ui_login(config),
             max_file_size=config.media.max_image_bytes,
             allowed_paths=[str(p) for p in model.example_dirs],
             server_name=config.host,
@@ -94,10 +101,23 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         # Gradio checks that file paths in a request were uploaded by a user only once `launch()` ran;
         # a mounted app never launches, so without this any image file on the server could be named.
         blocks.has_launched = True
-        if not config.media.allow_remote:
-            app.add_middleware(RemoteFileGuard)  # inside the body limit: it reads bounded bodies only
+        from gradio.utils import get_upload_folder
+
+        readable = [get_upload_folder(), *(str(p) for p in model.example_dirs)]  # what Gradio may open
+        app.add_middleware(UiFileGuard, allowed_dirs=readable, allow_remote=config.media.allow_remote)
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
+    allowed = (*config.allowed_hosts, *(("*.gradio.live",) if config.share else ()))
+    app.add_middleware(HeadGuard, host=config.host, allowed_hosts=allowed)  # outermost: the first to run
     return app
+
+
+def ui_login(config: ServerConfig):
+    """What Gradio's login accepts: --auth, or with --api-key alone any user name and the key as password, so that
+    the UI and the Gradio API behind it (which can generate too) are never open when /v1 is guarded."""
+    if config.auth is not None or config.api_key is None:
+        return config.auth
+    key = config.api_key.encode()
+    return lambda _user, password: hmac.compare_digest(str(password).encode(), key)
 
 
 def warn_if_unprotected(config: ServerConfig) -> None:
@@ -108,9 +128,6 @@ def warn_if_unprotected(config: ServerConfig) -> None:
             f"anyone with the link can use your model and GPU. Add --auth USER:PASS and --api-key KEY.\n{bar}",
             file=sys.stderr,
         )
-    elif config.share and config.auth is None:  # --api-key guards /v1 only
-        print("warning: --share without --auth: the browser UI (and the Gradio API behind it) is open to anyone "
-              "with the link; --api-key protects /v1 only. Add --auth USER:PASS.", file=sys.stderr)  # fmt: skip
     elif config.unprotected and config.host not in LOOPBACK:
         print(f"warning: serving on {config.host} without --auth or --api-key: anyone who can reach it may use it",
               file=sys.stderr)  # fmt: skip
@@ -139,6 +156,7 @@ def serve(config: ServerConfig) -> int:
 
     quiet_gradio_defaults()
     warn_if_unprotected(config)
+    return_large_frees_to_the_system()  # before the model loads: its large blocks follow the same rule
     model = resolve_model(config.model, served_name=config.served_model_name)
     engine = start_engine(model, config.engine_options)
     app = build_app(config, engine, model)
@@ -146,7 +164,8 @@ def serve(config: ServerConfig) -> int:
         start_share_link(config)
     print(f"vlchat {__version__}: {model.describe()} at http://{config.host}:{config.port}", file=sys.stderr)
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2)
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2,
+                    http=GuardedH11Protocol)  # fmt: skip
     finally:
         engine.shutdown()
     return 0

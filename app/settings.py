@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vlchat.app.decode_budget import DecodeBudget
 from vlchat.app.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -18,16 +19,25 @@ class MediaLimits:
     """What an image may be; shared by the API, the UI and the terminal chat."""
 
     allow_remote: bool = False
+    allow_private_remote: bool = False  # remote images from loopback and private addresses (never link-local)
     allowed_local_dir: str | None = None
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     max_images_per_request: int = 8
     remote_timeout_s: float = 10.0
     max_aspect_ratio: float = 200.0  # processors scale the short side up: a 1 x 20000 strip would take gigabytes
+    max_request_pixels: int = 80_000_000  # all images of one request together, as their headers declare them
+    max_working_pixels: int = 4_194_304  # larger images are scaled down (aspect kept) before the model's processor
+    max_decode_bytes: int = 256 * 1024 * 1024  # image decoding of the whole server at once (app/decode_budget.py)
+    decode_wait_s: float = 30.0  # a decode that waits longer for room answers 503
+    decoding: DecodeBudget = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.max_image_bytes <= 0 or self.max_image_pixels <= 0 or self.max_images_per_request <= 0:
+        limits = (self.max_image_bytes, self.max_image_pixels, self.max_images_per_request, self.max_request_pixels,
+                  self.max_working_pixels, self.max_decode_bytes)  # fmt: skip
+        if min(limits) <= 0:
             raise ConfigError("image limits must be positive")
+        self.decoding = DecodeBudget(self.max_decode_bytes, self.decode_wait_s)
         if self.max_aspect_ratio < 1:
             raise ConfigError("max_aspect_ratio must be at least 1")
         if self.allowed_local_dir is not None:
@@ -47,11 +57,14 @@ class ServerConfig:
     share: bool = False
     auth: tuple[str, str] | None = None
     api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # Host header names answered besides 127.0.0.1, localhost and `host`
     served_model_name: str | None = None
     media: MediaLimits = field(default_factory=MediaLimits)
     max_request_bytes: int = 64 * 1024 * 1024
     max_n: int = 8
     max_stop_strings: int = 8
+    ui_concurrency: int = 64  # UI chats generating at once
+    ui_queue_size: int = 256  # UI chats waiting for a turn; more are refused as busy
     analytics_enabled: bool = False
     sampling_defaults: dict = field(default_factory=dict)  # under every request's own sampling fields
     engine_options: dict = field(default_factory=dict)
@@ -63,7 +76,8 @@ class ServerConfig:
             raise ConfigError("--auth takes USER:PASS with both parts non-empty")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key must not be empty")
-        if self.max_request_bytes <= 0 or self.max_n <= 0 or self.max_stop_strings <= 0:
+        limits = (self.max_request_bytes, self.max_n, self.max_stop_strings, self.ui_concurrency, self.ui_queue_size)
+        if min(limits) <= 0:
             raise ConfigError("request limits must be positive")
 
     @property

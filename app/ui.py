@@ -17,7 +17,7 @@ import gradio as gr
 
 from vlchat.app.errors import AppError, is_user_error
 from vlchat.app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
-from vlchat.app.media import load_image
+from vlchat.app.media import load_images
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.settings import MediaLimits, ServerConfig
 
@@ -74,9 +74,10 @@ def conversation(message: dict, history: Sequence[dict], system_prompt: str, lim
             "Press Clear to start a new chat."
         )
     messages = [{"role": "system", "content": system_prompt.strip()}] if system_prompt.strip() else []
+    paths = [p for _, parts in turns for p in parts if isinstance(p, Path)]
+    images = iter(load_images(paths, limits, trusted_path=True))  # one request: its pixel budget covers them all
     for role, parts in turns:
-        loaded = [load_image(p, limits, trusted_path=True) if isinstance(p, Path) else p for p in parts]
-        messages.append(engine_message(role, loaded))
+        messages.append(engine_message(role, [next(images) if isinstance(p, Path) else p for p in parts]))
     return messages
 
 
@@ -151,7 +152,8 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
             examples=examples or None,
             cache_examples=False,
             editable=True,
-            concurrency_limit=None,
+            concurrency_limit=config.ui_concurrency,  # the engine batches these; more wait in the queue
             api_name="chat",
         )
+    ui.queue(max_size=config.ui_queue_size)  # beyond it Gradio answers 503 "queue is full"
     return ui

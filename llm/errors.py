@@ -32,6 +32,33 @@ class PromptTooLongError(InvalidRequestError):
         )
 
 
+class RequestFailedError(VLChatError, RuntimeError):
+    """The engine failed while generating this request; the other requests go on. The server log has the cause."""
+
+    http_status = 500
+
+    def __init__(self, request_id: str, cause: BaseException) -> None:
+        self.request_id = request_id
+        self.cause = cause
+        super().__init__(
+            f"the engine failed while generating request {request_id} ({type(cause).__name__}: {cause}); "
+            "other requests are not affected. Retry it, or report it with the server log if it fails again"
+        )
+
+
+class TextTooLongError(InvalidRequestError):
+    """The prompt's text is too long to fit the context whatever it tokenizes to (found before tokenizing it)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, num_chars: int, max_chars: int, max_model_len: int) -> None:
+        self.num_chars, self.max_chars, self.max_model_len = num_chars, max_chars, max_model_len
+        super().__init__(
+            f"the prompt has {num_chars} characters of text; no text over {max_chars} characters fits the model's "
+            f"context of {max_model_len} tokens. Shorten the conversation"
+        )
+
+
 class ModelLoadError(VLChatError):
     """A model directory cannot be loaded (missing files, unreadable config, bad weights)."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from vlchat.llm.errors import InvalidRequestError
+from vlchat.llm.errors import InvalidRequestError, TextTooLongError
 from vlchat.llm.tokenizer import apply_chat_template
 
 
@@ -90,11 +90,34 @@ def _check_text(text: Any) -> None:
         ) from None
 
 
-def _check_message_texts(messages: list[Mapping]) -> None:
+def _message_texts(messages: list[Mapping]) -> list:
+    texts = []
     for message in messages:
         content = message.get("content")
         for part in content if isinstance(content, list) else [content]:
-            _check_text(part.get("text") if isinstance(part, Mapping) else part)
+            texts.append(part.get("text") if isinstance(part, Mapping) else part)
+    return texts
+
+
+def _check_length(texts: list, max_chars: int | None, max_model_len: int | None) -> None:
+    """Refuse text that cannot fit before tokenizing it (tokenizing tens of MB takes seconds and gigabytes)."""
+    if max_chars is None:
+        return
+    num_chars = sum(len(t) for t in texts if isinstance(t, str))
+    if num_chars > max_chars:
+        raise TextTooLongError(num_chars, max_chars, max_model_len)
+
+
+def max_prompt_chars(tokenizer, max_model_len: int, safety: int = 2) -> int | None:
+    """Characters of text beyond which no prompt fits `max_model_len` tokens: the context times the longest
+    vocabulary entry (a token never covers more characters than its entry spells: byte-level and byte-fallback
+    entries spell one character or more per byte), times `safety` for normalizers that shorten text.
+    None where the tokenizer does not list its vocabulary."""
+    try:
+        longest = max((len(piece) for piece in tokenizer.get_vocab()), default=0)
+    except (AttributeError, TypeError, NotImplementedError):
+        return None
+    return max(1, longest) * max_model_len * safety if longest else None
 
 
 def normalize_prompt(
@@ -103,13 +126,19 @@ def normalize_prompt(
     model_cls: type | None = None,
     processor=None,
     mm_options: Mapping | None = None,
+    max_chars: int | None = None,
+    max_model_len: int | None = None,
 ) -> MultiModalPrompt:
-    """Turn `prompt` (str | list[int] | list[message dict] | MultiModalPrompt) into a `MultiModalPrompt`."""
+    """Turn `prompt` (str | list[int] | list[message dict] | MultiModalPrompt) into a `MultiModalPrompt`.
+
+    `max_chars` (from `max_prompt_chars`): text longer than that is refused before it is tokenized.
+    """
     if isinstance(prompt, MultiModalPrompt):
         return prompt
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("the prompt is empty; send at least one character")
+        _check_length([prompt], max_chars, max_model_len)
         _check_text(prompt)
         return MultiModalPrompt(token_ids=list(tokenizer.encode(prompt)), text=prompt)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
@@ -121,7 +150,10 @@ def normalize_prompt(
         for message in prompt:
             if "role" not in message or "content" not in message:
                 raise InvalidRequestError("every chat message needs a 'role' and a 'content'")
-        _check_message_texts(prompt)
+        texts = _message_texts(prompt)
+        _check_length(texts, max_chars, max_model_len)
+        for text in texts:
+            _check_text(text)
         if getattr(model_cls, "is_multimodal", False):
             return model_cls.process_prompt(processor, list(prompt), dict(mm_options or {}))
         if _has_images(prompt):

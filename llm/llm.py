@@ -70,6 +70,9 @@ class LLM:
                 for out in self.engine.step():
                     if out.finished:
                         final[out.request_id] = out
+                failures = self.engine.take_failures()
+                if failures:
+                    raise failures[0]
         except BaseException:
             for request_id in ids:
                 self.engine.abort(request_id)

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from vlchat.llm.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+MAX_N = 1024  # completions per request
+MAX_INT32 = 2**31 - 1  # top_k and token ids travel as device integers
+MAX_SEED = 2**64 - 1
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy
+
+_INTS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INTS = ("seed", "max_tokens", "logprobs")
+_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_BOOLS = ("ignore_eos", "skip_special_tokens")
 
 
 @dataclass(slots=True)
@@ -53,28 +63,34 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = [s for s in (self.stop or []) if s]
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = [] if self.stop is None else self.stop
+        self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        _check_types(self)
+        self.stop = [s for s in self.stop if s]
+        self.stop_token_ids = list(self.stop_token_ids)
         if self.top_k == 0:
             self.top_k = -1
         checks = [
-            (self.n >= 1, f"n must be >= 1, got {self.n}"),
-            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}], got {self.n}"),
+            (0.0 <= self.temperature < math.inf, f"temperature must be a finite number >= 0, got {self.temperature}"),
+            (self.top_k == -1 or 1 <= self.top_k <= MAX_INT32,
+             f"top_k must be -1 (off) or in [1, {MAX_INT32}], got {self.top_k}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (0.0 < self.repetition_penalty < math.inf,
+             f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"),
             (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (-2.0 <= self.frequency_penalty <= 2.0,
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.seed is None or 0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}], got {self.seed}"),
             (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens,
              f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-             "stop_token_ids must be non-negative integers"),
+            (all(0 <= t <= MAX_INT32 for t in self.stop_token_ids),
+             f"stop_token_ids must be token ids in [0, {MAX_INT32}]"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
@@ -82,8 +98,32 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below GREEDY_BELOW pick the most likely token: dividing logits by them overflows."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def uses_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_types(p: SamplingParams) -> None:
+    """Every field has its type (bools are not numbers here): range checks and the sampler rely on it."""
+    for name in _INTS + _OPTIONAL_INTS:
+        value = getattr(p, name)
+        if not (_is_int(value) or (value is None and name in _OPTIONAL_INTS)):
+            raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+    for name in _FLOATS:
+        value = getattr(p, name)
+        if not (_is_int(value) or isinstance(value, float)):
+            raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    for name in _BOOLS:
+        if not isinstance(getattr(p, name), bool):
+            raise InvalidRequestError(f"{name} must be true or false, got {getattr(p, name)!r}")
+    if not isinstance(p.stop, (list, tuple)) or not all(isinstance(s, str) for s in p.stop):
+        raise InvalidRequestError(f"stop must be a string or a list of strings, got {p.stop!r}")
+    if not isinstance(p.stop_token_ids, (list, tuple)) or not all(_is_int(t) for t in p.stop_token_ids):
+        raise InvalidRequestError(f"stop_token_ids must be a list of integers, got {p.stop_token_ids!r}")

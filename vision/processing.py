@@ -21,6 +21,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vlchat.llm.errors import InvalidRequestError
 from vlchat.llm.inputs import ImageItem
+from vlchat.llm.tokenizer import typed_control_tokens
 
 DEFAULT_MAX_IMAGES = 8
 # Per-request options forwarded to the HF image processor (Qwen's image token budget).
@@ -98,6 +99,12 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
     hf_messages, images = split_messages(messages, max_images)
     if getattr(processor, "chat_template", None) is None:
         raise InvalidRequestError("this model's processor has no chat template; it cannot take chat messages")
+    typed = typed_control_tokens(processor.tokenizer, hf_messages)
+    if typed:  # the processor tokenizes the whole rendered text: typed markers would become real ones
+        raise InvalidRequestError(
+            f"the text contains {typed[0]!r}, a control token of this model's chat format; remove it: do not type "
+            "image placeholder or turn markers in the text (send images as image parts)"
+        )
     text = processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
     kwargs = _image_kwargs(processor, mm_options)
     bos = getattr(processor.tokenizer, "bos_token", None)

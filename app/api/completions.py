@@ -14,7 +14,7 @@ from vlchat.app.api.errors import error_body
 from vlchat.app.api.protocol import ChatCompletionRequest, ImagePart, StreamOptions
 from vlchat.app.errors import AppError, ModelNotFoundError, is_user_error, user_error_status
 from vlchat.app.generation import engine_message, new_request_id, sampling_params, stream_outputs
-from vlchat.app.media import load_image
+from vlchat.app.media import load_images
 from vlchat.app.settings import ServerConfig
 
 log = logging.getLogger("vlchat.api")
@@ -52,7 +52,7 @@ async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, mod
         raise AppError(
             f"{len(sources)} images sent; at most {config.media.max_images_per_request} per request", param="messages"
         )
-    images = await asyncio.gather(*(asyncio.to_thread(load_image, src, config.media) for src in sources))
+    images = await asyncio.to_thread(load_images, sources, config.media)  # headers and pixel budget first
     prompt, next_image = [], iter(images)
     for message in body.messages:
         role = "system" if message.role == "developer" else message.role

@@ -59,8 +59,38 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # an extension (as in vLLM): every chunk carries the usage so far
 
 
+# OpenAI fields this server does not implement yet, with the values that ask for nothing (accepted); any other
+# value is a 400 naming the field, never silently ignored.
+UNSUPPORTED_FIELDS = {
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "parallel_tool_calls": (False,),
+    "logit_bias": ({},),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+}
+
+
 class ChatCompletionRequest(_Strict):
     """Standard fields plus the extras top_k, min_p, repetition_penalty and ignore_eos."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_silent_no_ops(cls, data):
+        if isinstance(data, dict):
+            for name, neutral in UNSUPPORTED_FIELDS.items():
+                value = data.get(name)
+                if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
+                    raise ValueError(f"{name} is not supported by this server yet; remove it from the request")
+        return data
 
     messages: list[ChatMessage] = Field(min_length=1)
     model: str | None = None

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from vlchat.app.api.completions import complete, open_stream, prepare
 from vlchat.app.api.errors import error_response
@@ -16,7 +18,9 @@ from vlchat.app.errors import AuthError, ModelNotFoundError
 from vlchat.app.settings import ServerConfig
 
 
-def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
+def build_router(config: ServerConfig, engine, model_name: str, openapi: Callable[[], dict] | None = None) -> APIRouter:
+    """The /v1 routes. `openapi`: the app's schema, served here at /v1/openapi.json and /v1/docs behind the key (the
+    app's own schema routes are open to anyone)."""
     created = int(time.time())
 
     def check_key(request: Request) -> None:
@@ -61,6 +65,16 @@ def build_router(config: ServerConfig, engine, model_name: str) -> APIRouter:
             await asyncio.gather(task, return_exceptions=True)
             return JSONResponse({}, status_code=499)
         return JSONResponse(task.result())
+
+    if openapi is not None:
+
+        @router.get("/openapi.json", include_in_schema=False)
+        async def schema() -> JSONResponse:
+            return JSONResponse(openapi())
+
+        @router.get("/docs", include_in_schema=False)
+        async def docs() -> HTMLResponse:
+            return get_swagger_ui_html(openapi_url="/v1/openapi.json", title="vlchat API")
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
     async def unknown(path: str, request: Request) -> JSONResponse:

@@ -215,7 +215,7 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving new ones
+            except Exception as e:  # noqa: BLE001 - not pinned on a request (the scheduler): fail all, serve new ones
                 logger.exception("engine step failed; aborting the running requests")
                 if isinstance(e, WorkerDiedError):  # no step can run any more: later requests fail at once
                     self._failed = e
@@ -224,4 +224,6 @@ class AsyncEngine:
                     self.engine.abort(request_id)
                     self._deliver(request_id, failure)
                 continue
-            deliver(self._streams, [(out.request_id, out) for out in outputs])
+            items = [(out.request_id, out) for out in outputs]
+            items += [(error.request_id, error) for error in self.engine.take_failures()]  # each failed alone
+            deliver(self._streams, items)

@@ -14,12 +14,13 @@ import math
 from vlchat.kernels import settings as kernel_settings
 from vlchat.llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
 from vlchat.llm.engine.block_manager import BlockManager, run_blocks_for
+from vlchat.llm.engine.isolation import launch_isolated
 from vlchat.llm.engine.model_runner import ModelRunner
 from vlchat.llm.engine.request import Request
 from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
-from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
-from vlchat.llm.inputs import MultiModalPrompt, normalize_prompt
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, RequestFailedError
+from vlchat.llm.inputs import MultiModalPrompt, max_prompt_chars, normalize_prompt
 from vlchat.llm.outputs import RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.tokenizer import load_tokenizer, stop_token_ids
@@ -49,6 +50,7 @@ class LLMEngine:
         self.processor = None  # multimodal models load their HF processor lazily (see _processor)
         self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
         self.eos_token_ids = stop_token_ids(self.tokenizer, config.model, self.hf_config)
+        self.max_prompt_chars = max_prompt_chars(self.tokenizer, self.max_model_len)  # text refused untokenized
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
             sched.max_num_batched_tokens = self.max_model_len  # a whole prompt must fit one step
@@ -81,6 +83,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet
+        self._failed: list[RequestFailedError] = []  # requests that failed alone, not handed out yet (take_failures)
         logger.info(
             "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d",
             config.served_model_name, self.runner.dtype, self.runner.device, self.runner.num_blocks,
@@ -103,7 +106,8 @@ class LLMEngine:
 
     def normalize_prompt(self, prompt, mm_options=None) -> MultiModalPrompt:
         """Tokenize / run the processor (thread-safe: AsyncEngine calls it off the engine thread)."""
-        return normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options)
+        return normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options,
+                                self.max_prompt_chars, self.max_model_len)  # fmt: skip
 
     def add_request(
         self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None, stream: bool = True
@@ -158,6 +162,17 @@ class LLMEngine:
                 completion.queued.clear()
         return request.output()
 
+    def take_failures(self) -> list[RequestFailedError]:
+        """The requests that failed on their own since the last call (each already aborted, its blocks free)."""
+        failed, self._failed = self._failed, []
+        return failed
+
+    def _fail(self, request_id: str, cause: Exception) -> None:
+        if request_id not in self.requests:
+            return
+        self.abort(request_id)
+        self._failed.append(RequestFailedError(request_id, cause))
+
     def has_unfinished(self) -> bool:
         # A launched step whose requests all ended (aborted, stopped) needs no further call: its
         # tokens would be dropped, and its freed blocks are only reused by steps queued after it.
@@ -183,7 +198,14 @@ class LLMEngine:
         seqs = self.scheduler.schedule()
         if seqs:
             samplers = [s for s in seqs if s.samples_this_step]
-            self._inflight = (samplers, self.runner.launch(seqs))
+            try:
+                pending = self.runner.launch(seqs)
+            except Exception as e:  # noqa: BLE001 - pinned on the request(s) that cause it; the others go on
+                pending, failed = launch_isolated(self.runner, seqs, e)
+                for request_id, cause in failed.items():
+                    self._fail(request_id, cause)
+                samplers = [s for s in samplers if not s.is_finished]
+            self._inflight = (samplers, pending)
             self.scheduler.update(seqs)
             for seq in samplers:
                 seq.num_pending += 1
@@ -192,14 +214,24 @@ class LLMEngine:
         return self._report()
 
     def _collect(self, samplers: list[Sequence], pending) -> None:
-        result = pending.result()  # waits for that step's tokens
+        try:
+            result = pending.result()  # waits for that step's tokens
+        except Exception as e:  # noqa: BLE001 - the device failed this step: its requests fail, the others go on
+            logger.exception("collecting a step failed; failing its %d sequences' requests", len(samplers))
+            for seq in samplers:
+                self._fail(seq.request_id, e)
+            return
         eos = set(self.eos_token_ids)
         for seq, token_id, logprobs in zip(samplers, result.token_ids, result.logprobs, strict=True):
             request = self.requests.get(seq.request_id)
             if seq.is_finished or request is None:
                 continue  # ended while its step ran (a stop string, an abort): the token is dropped
             seq.append_token(token_id, logprobs)
-            request.completions[seq.index].append(token_id, eos, self.max_model_len)
+            try:
+                request.completions[seq.index].append(token_id, eos, self.max_model_len)
+            except Exception as e:  # noqa: BLE001 - this request's own state: it fails alone
+                self._fail(seq.request_id, e)
+                continue
             if request.pending:  # the prompt's full blocks are cached now: the siblings reuse them
                 for sibling in request.pending:
                     self.scheduler.add(sibling)
@@ -214,12 +246,18 @@ class LLMEngine:
         for request_id, request in touched.items():
             if self.requests.get(request_id) is not request:
                 continue  # aborted meanwhile; abort() reported it
-            for completion in request.completions:
-                if completion.detokenize():
-                    self.scheduler.finish(completion.seq)
-            finished = request.finished
-            if finished or request.stream:
-                outputs.append(request.output(finished=finished))
+            try:
+                for completion in request.completions:
+                    if completion.detokenize():
+                        self.scheduler.finish(completion.seq)
+                finished = request.finished
+                output = request.output(finished=finished) if finished or request.stream else None
+            except Exception as e:  # noqa: BLE001 - this request's own text: it fails alone
+                logger.exception("request %s failed while detokenizing", request_id)
+                self._fail(request_id, e)
+                continue
+            if output is not None:
+                outputs.append(output)
             if finished:
                 del self.requests[request_id]
         return outputs

@@ -364,6 +364,18 @@ class ModelRunner:
         self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(samplers)}
         return pending
 
+    def sampled_state(self) -> tuple:
+        """The last launched step's tokens on the device, which the next step's fill rows read (async scheduling)."""
+        return self._sampled_tokens, self._sampled_rows
+
+    def restore_sampled_state(self, state: tuple) -> None:
+        self._sampled_tokens, self._sampled_rows = state
+
+    def adopt_sampled(self, samplers: list[Sequence], token_ids: list[int]) -> None:
+        """Make `token_ids` (one per sampler) the last launched step's tokens: a step that ran in parts."""
+        self._sampled_tokens = to_device(token_ids or [0], torch.long, self.device)
+        self._sampled_rows = {s.seq_id: i for i, s in enumerate(samplers)}
+
     def close(self) -> None:
         reset_context()
         for attn in self.attn_layers:

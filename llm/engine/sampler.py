@@ -4,7 +4,9 @@ Order per row: penalties (repetition over prompt + output, presence and frequenc
 over the output), min_tokens masking of EOS/stop ids, then either argmax
 (temperature 0) or temperature, top-k, top-p, min-p and a draw. The draw is
 argmax(probs / E) with E ~ Exp(1), which samples from probs; rows with a seed take
-E from their own generator, the others from the engine's. Logprobs are those of
+E from their own generator, seeded afresh for each token from (seed, completion index,
+position), so a step that is retried (llm/engine/isolation.py) or a sequence that is
+recomputed draws the same token again; the other rows take E from the engine's generator. Logprobs are those of
 the model's distribution (log-softmax of the raw logits), sampled token first.
 """
 
@@ -104,7 +106,8 @@ class Sampler:
         for i, seq in enumerate(seqs):
             if seq.params.seed is not None:
                 if seq.generator is None or seq.generator.device != dev:
-                    seq.generator = torch.Generator(device=dev).manual_seed(seq.params.seed + seq.index)
+                    seq.generator = torch.Generator(device=dev)
+                seq.generator.manual_seed(row_seed(seq.params.seed, seq.index, seq.num_output_tokens + seq.num_pending))
                 noise[i].exponential_(generator=seq.generator)
         return (probs / noise).argmax(dim=-1)
 
@@ -124,6 +127,14 @@ class Sampler:
         drop[:, 0] = False  # the most likely token always stays
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def row_seed(seed: int, index: int, position: int) -> int:
+    """The 64-bit generator seed of one seeded row's draw (splitmix64 of its seed, completion index and position)."""
+    x = (seed + index * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return x ^ (x >> 31)
 
 
 class PendingSample:

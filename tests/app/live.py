@@ -9,6 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
+from vlchat.app.http_protocol import GuardedH11Protocol
 from vlchat.app.model_choice import ModelChoice, resolve_model
 from vlchat.app.server import build_app
 from vlchat.app.settings import ServerConfig
@@ -17,12 +18,13 @@ from vlchat.app.settings import ServerConfig
 class LiveServer:
     """uvicorn serving `app` until `stop()`; `url` is its base URL."""
 
-    def __init__(self, app):
+    def __init__(self, app, http=GuardedH11Protocol):
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, ws="none")
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, ws="none",
+                                http=http)  # `vlchat serve` runs GuardedH11Protocol  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 

@@ -68,8 +68,8 @@ def test_share_without_protection_warns_loudly(capsys):
     for protected in (ServerConfig(share=True, auth=("a", "b")), ServerConfig()):
         warn_if_unprotected(protected)
         assert capsys.readouterr().err == ""
-    warn_if_unprotected(ServerConfig(share=True, api_key="k"))  # the key guards /v1; the shared UI stays open
-    assert "--share without --auth" in capsys.readouterr().err
+    warn_if_unprotected(ServerConfig(share=True, api_key="k"))  # the key guards /v1 and, as its password, the UI
+    assert capsys.readouterr().err == ""
     warn_if_unprotected(ServerConfig(host="0.0.0.0"))
     assert "without --auth or --api-key" in capsys.readouterr().err
 

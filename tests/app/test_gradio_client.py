@@ -25,8 +25,7 @@ def test_ui_api_refuses_server_paths_that_were_not_uploaded(server, tmp_path):
     secret.write_bytes((EXAMPLES / "one-shape.png").read_bytes())
     message = {"text": "hi", "files": [{"path": str(secret), "meta": {"_type": "gradio.FileData"}}]}
     call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
-    events = httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}").text
-    assert "event: error" in events and "not uploaded by a user" in events
+    assert call.status_code == 403 and "uploaded" in call.json()["error"]["message"]  # app/ui_file_guard.py
 
 
 def test_auth_protects_the_ui(tiny_engine, tiny_choice):

@@ -149,7 +149,7 @@ def image_http_server():
 def test_remote_urls_only_when_allowed(image_http_server):
     with pytest.raises(ForbiddenMediaError, match="--allow-remote-images"):
         load_image(f"{image_http_server}/red.png", LIMITS)
-    allowed = MediaLimits(allow_remote=True)
+    allowed = MediaLimits(allow_remote=True, allow_private_remote=True)  # the test server is on loopback
     assert load_image(f"{image_http_server}/red.png", allowed).getpixel((0, 0)) == (255, 0, 0)
     with pytest.raises(MediaError, match="HTTP 404"):
         load_image(f"{image_http_server}/missing.png", allowed)

@@ -6,7 +6,7 @@ import pytest
 
 from tests.llm.tiny import make_tiny_llama
 from vlchat.llm import LLM, SamplingParams
-from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, TextTooLongError
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,31 @@ def test_long_prompt_in_chunks_with_a_pool_that_holds_only_it(model_dir):
     alone = [llm.generate([[i + 3] * 100], p)[0].token_ids for i in range(2)]
     together = llm.generate([[3] * 100, [4] * 100], p)
     assert [o.token_ids for o in together] == alone
+
+
+def test_text_too_long_for_any_tokenization_is_refused_before_tokenizing(model_dir):
+    llm = make(model_dir)
+    bound = llm.engine.max_prompt_chars
+    longest = max(len(piece) for piece in llm.tokenizer.get_vocab())
+    assert bound == 128 * longest * 2
+    text = "x" * (bound + 1)
+    with pytest.raises(TextTooLongError, match=f"{bound + 1} characters of text; no text over {bound}") as info:
+        llm.generate(text)
+    assert info.value.code == "context_length_exceeded"
+    with pytest.raises(TextTooLongError):  # chat messages: the text of every part counts
+        llm.generate([[{"role": "user", "content": [{"type": "text", "text": text[: bound // 2]}]},
+                       {"role": "user", "content": text[: bound // 2 + 2]}]])  # fmt: skip
+    assert llm.engine.num_free_blocks() == 64 and not llm.engine.has_unfinished()
+
+
+def test_the_text_bound_never_refuses_a_prompt_that_fits(model_dir):
+    """The text that packs the most characters into the fewest tokens (the longest vocabulary entry, repeated) and
+    fits the context stays under the bound, and is refused later only by its token count."""
+    llm = make(model_dir)
+    tok = llm.tokenizer
+    longest = max((p for p in tok.get_vocab() if p not in tok.all_special_tokens), key=len)
+    piece = tok.convert_tokens_to_string([longest])
+    text = piece * (llm.engine.max_model_len // max(1, len(tok.encode(piece, add_special_tokens=False))))
+    assert len(text) <= llm.engine.max_prompt_chars
+    out = llm.generate(text[: len(text) // 2], SamplingParams(max_tokens=1))[0]
+    assert len(out.prompt_token_ids) <= 128

@@ -155,5 +155,22 @@ def test_a_seeded_request_draws_new_noise_every_step():
     logits = torch.zeros(1, V)  # uniform: each step's draw is the noise alone
     s = seq(SamplingParams(seed=7, temperature=1.0))
     smp = sampler()
-    draws = [smp(logits, [s]).token_ids[0] for _ in range(12)]
+    draws = []
+    for _ in range(12):
+        draws.append(smp(logits, [s]).token_ids[0])
+        s.append_token(draws[-1])  # the next step samples the next position
     assert len(set(draws)) > 3
+
+
+def test_a_seeded_draw_depends_on_its_position_only():
+    """A step that is retried (a failed batch rerun in parts) draws the same token for a seeded row again,
+    whatever the engine's generator and the row's own generator did meanwhile."""
+    logits = torch.zeros(1, V)
+    s = seq(SamplingParams(seed=7, temperature=1.0))
+    smp = sampler()
+    first = smp(logits, [s]).token_ids[0]
+    smp.generator.manual_seed(12345)
+    assert [smp(logits, [s]).token_ids[0] for _ in range(3)] == [first] * 3
+    s.append_token(first)
+    later = [smp(logits, [s]).token_ids[0] for _ in range(2)]
+    assert later[0] == later[1]

@@ -25,6 +25,26 @@ from vlchat.llm.sampling_params import SamplingParams
         (dict(logprobs=50), "logprobs"),
         (dict(stop_token_ids=[-1]), "stop_token_ids"),
         (dict(min_tokens=-1), "min_tokens"),
+        # beyond what the sampler's device integers hold (2**63 used to overflow inside the batch's step)
+        (dict(top_k=2**63), "top_k"),
+        (dict(top_k=10**30), "top_k"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=2**64), "seed"),
+        (dict(n=10**6), "n"),
+        (dict(stop_token_ids=[2**63]), "stop_token_ids"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+        # wrong types are refused by name, not met later as a TypeError inside a step
+        (dict(temperature="0.5"), "temperature"),
+        (dict(top_k=5.0), "top_k"),
+        (dict(n=True), "n"),
+        (dict(max_tokens="16"), "max_tokens"),
+        (dict(seed=1.5), "seed"),
+        (dict(ignore_eos="yes"), "ignore_eos"),
+        (dict(stop=[1, 2]), "stop"),
+        (dict(stop_token_ids=["2"]), "stop_token_ids"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -41,6 +61,12 @@ def test_the_edges_of_each_range_are_valid():
 @pytest.mark.parametrize("field", ["repetition_penalty", "presence_penalty", "frequency_penalty"])
 def test_each_penalty_alone_counts_as_using_penalties(field):
     assert SamplingParams(**{field: 1.5}).uses_penalties
+
+
+def test_tiny_temperatures_are_greedy():
+    # logits / 1e-300 overflow to inf and the draw returned garbage (an empty answer)
+    assert SamplingParams(temperature=1e-300).greedy and SamplingParams(temperature=9e-6).greedy
+    assert not SamplingParams(temperature=1e-4).greedy
 
 
 def test_normalisation():

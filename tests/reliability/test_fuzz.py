@@ -56,9 +56,10 @@ def fuzz_engine(text_model_dir):
 
 @pytest.fixture(scope="module")
 def api_schema(fuzz_engine):
-    config = ServerConfig(api_key=API_KEY, media=MediaLimits(max_images_per_request=2), max_request_bytes=200_000)
+    config = ServerConfig(api_key=API_KEY, media=MediaLimits(max_images_per_request=2), max_request_bytes=200_000,
+                          allowed_hosts=("testserver",))  # the host name of the in-process ASGI client
     app = build_app(config, fuzz_engine, ModelChoice(fuzz_engine.config.model, "tiny-llama"), with_ui=False)
-    return schemathesis.openapi.from_asgi("/v1/openapi.json", app)
+    return schemathesis.openapi.from_asgi("/v1/openapi.json", app, headers=AUTH)  # the schema needs the key too
 
 
 def check(case) -> int:

@@ -115,7 +115,7 @@ def test_no_remote_fetch_unless_allowed(vlm_server, vlm_engine, counting_http_se
     assert_openai_error(response, 403, "--allow-remote-images")
     assert hits == [], "the server fetched a remote image it was not allowed to"
     allowed = start_server(vlm_engine, ModelChoice("x", "vlchat-demo"), with_ui=False,
-                           media=MediaLimits(allow_remote=True))  # fmt: skip
+                           media=MediaLimits(allow_remote=True, allow_private_remote=True))  # fmt: skip
     try:
         ok = http.post(f"{allowed.url}/v1/chat/completions", json=image_request(f"{url}/cat.png"))
         assert ok.status_code == 200 and hits == ["/cat.png"], ok.text
@@ -239,7 +239,7 @@ def test_custom_code_in_a_model_directory_never_runs(text_model_dir, tmp_path):
 def test_share_warning_only_without_protection(capsys):
     for config, loud, ui_open in (
         (ServerConfig(share=True), True, False),  # the loud warning says it all
-        (ServerConfig(share=True, api_key="k"), False, True),  # the key guards /v1, not the UI
+        (ServerConfig(share=True, api_key="k"), False, False),  # the key guards /v1 and, as its password, the UI
         (ServerConfig(share=True, auth=("alice", "s3cret")), False, False),
         (ServerConfig(share=True, auth=("alice", "s3cret"), api_key="k"), False, False),
         (ServerConfig(), False, False),
