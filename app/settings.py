@@ -24,9 +24,13 @@ class MediaLimits:
     max_images_per_request: int = 8
     remote_timeout_s: float = 10.0
     max_aspect_ratio: float = 200.0  # processors scale the short side up: a 1 x 20000 strip would take gigabytes
+    max_processor_pixels: int = 16384 * 28 * 28  # the most a request's mm_processor_kwargs may ask (Qwen's default)
 
     def __post_init__(self):
-        if self.max_image_bytes <= 0 or self.max_image_pixels <= 0 or self.max_images_per_request <= 0:
+        if (
+            min(self.max_image_bytes, self.max_image_pixels, self.max_images_per_request, self.max_processor_pixels)
+            <= 0
+        ):
             raise ConfigError("image limits must be positive")
         if self.max_aspect_ratio < 1:
             raise ConfigError("max_aspect_ratio must be at least 1")
