@@ -139,7 +139,8 @@ def make_turns(engine, config: ServerConfig):
         async for update in run(history, turn, history, message, settings):
             yield update
 
-    async def edit(history, *settings, edit_data: gr.EditData):
+    async def edit(history, system, temperature, top_p, max_new, edit_data: gr.EditData):
+        settings = (system, temperature, top_p, max_new)
         index = edit_data.index[0] if isinstance(edit_data.index, (list, tuple)) else edit_data.index
         before = [*history[:index], *user_turn(str(edit_data.previous_value or ""), []), *history[index + 1 :]]
         start = turn_start(history, index)
@@ -157,7 +158,8 @@ def make_turns(engine, config: ServerConfig):
         async for update in run(history[:start], turn, history, None, settings):
             yield update
 
-    async def example(history, *settings, selected: gr.SelectData):
+    async def example(history, system, temperature, top_p, max_new, selected: gr.SelectData):
+        settings = (system, temperature, top_p, max_new)
         value = selected.value or {}
         turn = user_turn(value.get("text") or "", value.get("files") or [])
         async for update in run([], turn, history, None, settings):
