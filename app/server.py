@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import secrets
+import socket
 import sys
 import threading
 
@@ -13,6 +15,7 @@ from fastapi.responses import JSONResponse
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
+from vlchat.app.errors import ConfigError
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
@@ -131,6 +134,26 @@ def start_share_link(config: ServerConfig) -> None:
     threading.Thread(target=run, name="vlchat-share", daemon=True).start()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise ConfigError when `host:port` cannot be bound (another server has it, or the address is not ours)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ConfigError(f"--host {host!r} is not an address of this machine; use 127.0.0.1 or 0.0.0.0") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closing socket is no clash
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is already in use; stop the program using it or pick "
+                                  "another with --port N") from None  # fmt: skip
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); pick another --host or --port"
+            ) from None
+
+
 def serve(config: ServerConfig) -> int:
     """Load the model, start the engine and serve until interrupted."""
     import uvicorn
@@ -139,6 +162,7 @@ def serve(config: ServerConfig) -> int:
 
     quiet_gradio_defaults()
     warn_if_unprotected(config)
+    check_port_free(config.host, config.port)  # before the model loads: a taken port fails in a second, not later
     model = resolve_model(config.model, served_name=config.served_model_name)
     engine = start_engine(model, config.engine_options)
     app = build_app(config, engine, model)

@@ -24,7 +24,7 @@ def test_ui_api_refuses_server_paths_that_were_not_uploaded(server, tmp_path):
     secret = tmp_path / "secret.png"
     secret.write_bytes((EXAMPLES / "one-shape.png").read_bytes())
     message = {"text": "hi", "files": [{"path": str(secret), "meta": {"_type": "gradio.FileData"}}]}
-    call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
+    call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4, []]})
     events = httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}").text
     assert "event: error" in events and "not uploaded by a user" in events
 
@@ -37,7 +37,7 @@ def test_auth_protects_the_ui(tiny_engine, tiny_choice):
     server = start_server(tiny_engine, tiny_choice, auth=("ann", "s3cret"))
     try:
         message = {"text": "What is this?", "files": []}
-        refused = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
+        refused = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4, []]})
         assert refused.status_code == 401
         client = Client(server.url, auth=("ann", "s3cret"), verbose=False)
         try:
@@ -61,7 +61,7 @@ def test_uploads_are_deleted_when_the_server_stops(tiny_engine, tiny_choice):
         files = {"files": ("photo.png", (EXAMPLES / "one-shape.png").read_bytes(), "image/png")}
         (uploaded,) = httpx.post(f"{server.url}/gradio_api/upload", files=files).json()
         message = {"text": "What is this?", "files": [{"path": uploaded, "meta": {"_type": "gradio.FileData"}}]}
-        call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]})
+        call = httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4, []]})
         assert "event: complete" in httpx.get(f"{server.url}/gradio_api/call/chat/{call.json()['event_id']}").text
         assert os.path.exists(uploaded)
     finally:
