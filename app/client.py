@@ -36,7 +36,7 @@ class ImageNotFoundError(FileNotFoundError):
         super().__init__(
             f"no image file at {path!r}; pass an existing path, an http(s) or data: URL, bytes or a PIL image"
         )
-        self.filename = path
+        self.path = path
 
 
 def image_url(image: ImageInput) -> str:

@@ -93,8 +93,8 @@ def _warn(exc: BaseException) -> None:
         gr.Warning(f"Generation failed ({type(exc).__name__}); the server log has the details.")
 
 
-def _textbox(**changes):
-    return gr.MultimodalTextbox(**changes)
+def _textbox(**changes) -> dict:
+    return gr.update(**changes)
 
 
 BUSY = dict(interactive=False, submit_btn=False, stop_btn=True)

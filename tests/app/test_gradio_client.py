@@ -91,3 +91,27 @@ def test_browser_sessions_are_batched_together(server, tiny_engine):
     finally:
         done.set()
         client.close()
+
+
+def test_a_reused_client_starts_a_new_conversation_each_call(demo_server):
+    from vlchat.app.client import image_url
+
+    greedy = ("", 0.0, 0.95, 40)
+    count = "How many shapes are there?"
+    client = Client(demo_server.url, verbose=False)
+    try:
+        image = {"text": count, "files": [handle_file(str(EXAMPLES / "one-shape.png"))]}
+        assert client.predict(image, *greedy, api_name="/chat") == "There is one shape."
+        # the same client, no image: this conversation has none, so the demo model says what it can do
+        text_only = client.predict({"text": count, "files": []}, *greedy, api_name="/chat")
+        assert "one shape" not in text_only and text_only.startswith("Hello! I am a small demo model")
+        # earlier turns come only through `history` (OpenAI messages, images as data: URLs)
+        history = [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url(EXAMPLES / "one-shape.png")}},
+                                         {"type": "text", "text": "What shapes are in the image?"}]},
+            {"role": "assistant", "content": "I see a blue circle."},
+        ]  # fmt: skip
+        follow_up = client.predict({"text": count, "files": []}, *greedy, history, api_name="/chat")
+        assert follow_up == "There is one shape."
+    finally:
+        client.close()
