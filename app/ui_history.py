@@ -145,6 +145,9 @@ def to_openai(history: Sequence[dict], limits: MediaLimits) -> list[dict]:
                 out[-1]["content"].append({"type": "image_url", "image_url": {"url": _data_url(p, limits)}})
             elif p:
                 out[-1]["content"].append({"type": "text", "text": p})
+    for message in out:  # text-only user turns as plain strings, as most clients write them
+        if message["role"] == "user" and all(p["type"] == "text" for p in message["content"]):
+            message["content"] = "\n".join(p["text"] for p in message["content"])
     return out
 
 

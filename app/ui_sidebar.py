@@ -75,10 +75,11 @@ def wire_sidebar(ui, sidebar: dict, store, chat_id, chatbot, textbox, limits: Me
             stored = ui_chats.rename(stored, current, title)
         except Exception as exc:
             _refuse(exc)
-            return gr.skip(), gr.skip(), gr.skip()
-        return stored, _listing(stored, current), ""
+            return (gr.skip(),) * 4
+        return stored, _listing(stored, current), "", _export(stored, current)
 
-    sidebar["title"].submit(rename, [store, chat_id, sidebar["title"]], [store, chats, sidebar["title"]], **PRIVATE)
+    renamed = [store, chats, sidebar["title"], export]
+    sidebar["title"].submit(rename, [store, chat_id, sidebar["title"]], renamed, **PRIVATE)
 
     def delete(stored, current):
         stored = ui_chats.delete(stored, current)

@@ -136,3 +136,62 @@ def test_images_edits_refused_turn_and_reload(page, demo_server, tmp_path):
     chats.nth(1).click()  # the older chat, with its two images
     wait_until(lambda: page.locator("#chatbot .message.user img").count() == 2, 20, "the older chat")
     assert bot_texts(page)[0].startswith("I see")
+
+
+CODE_CHAT = {
+    "title": "Code sample",
+    "messages": [
+        {"role": "user", "content": "Show me a loop."},
+        {"role": "assistant", "content": "Here:\n\n```python\nfor i in range(3):\n    print(i)\n```\n\nDone."},
+    ],
+}
+
+
+def test_import_rename_export_delete_and_rendering(demo_server, tmp_path):
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    source = tmp_path / "code.json"
+    source.write_text(json.dumps(CODE_CHAT))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1200, "height": 900}, color_scheme="dark",
+                                          accept_downloads=True)  # fmt: skip
+            page = context.new_page()
+            page.goto(demo_server.url)
+            page.wait_for_selector("#prompt textarea")
+            assert page.evaluate("document.body.classList.contains('dark')")  # dark mode follows the system
+
+            with page.expect_file_chooser() as chooser:
+                page.locator("#import-chat").click()
+            chooser.value.set_files(str(source))
+            chats = page.locator("#chat-list label")
+            wait_until(lambda: chats.count() == 1 and "Code sample" in chats.first.inner_text(), 20, "the import")
+            code = page.locator("#chatbot .message.bot pre code")
+            code.first.wait_for(timeout=10_000)
+            assert "print(i)" in code.first.inner_text()
+            assert code.first.locator("span.token").count() >= 3  # highlighted, not plain text
+            assert page.locator("#chatbot .message-buttons").get_by_label("Copy message").count() >= 1
+
+            page.locator("#rename textarea, #rename input").first.fill("Loops")
+            page.locator("#rename textarea, #rename input").first.press("Enter")
+            wait_until(lambda: chats.first.inner_text().strip() == "Loops", 10, "the new name")
+
+            with page.expect_download() as download:
+                page.locator("#export-chat").click()
+            exported = json.loads(open(download.value.path()).read())
+            assert exported == {"title": "Loops", "messages": CODE_CHAT["messages"]}
+
+            page.reload()
+            page.wait_for_selector("#prompt textarea")
+            wait_until(lambda: chats.count() == 1 and chats.first.inner_text().strip() == "Loops", 20, "after reload")
+            page.locator("#delete-chat").click()
+            wait_until(lambda: chats.count() == 0, 10, "the deletion")
+            page.reload()
+            page.wait_for_selector("#prompt textarea")
+            page.wait_for_timeout(1000)
+            assert chats.count() == 0
+        finally:
+            browser.close()
