@@ -80,7 +80,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         quiet_gradio_defaults()
         import gradio as gr
 
-        from vlchat.app.ui import build_ui
+        from vlchat.app.ui import CSS, build_ui
 
         blocks = build_ui(engine, model, config)
         app = gr.mount_gradio_app(
@@ -93,6 +93,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
             server_name=config.host,
             server_port=config.port,
             footer_links=["api", "settings"],
+            css=CSS,
         )
         # Gradio checks that file paths in a request were uploaded by a user only once `launch()` ran;
         # a mounted app never launches, so without this any image file on the server could be named.

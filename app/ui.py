@@ -40,7 +40,8 @@ UPLOAD_CLEANUP = (600, 3600)  # every 10 minutes, delete uploads older than an h
 EXAMPLE_PROMPTS = ("Describe the image.", "What shapes are in the image?", "How many shapes are there?")
 # The browser encrypts the saved chats with this key; it only has to stay the same across server restarts.
 STORE_SECRET = "vlchat-saved-chats"
-IMPORT_MAX_BYTES = 32 * 1024 * 1024
+# Images in the chat as thumbnails (one message per image would otherwise fill the screen); a click enlarges.
+CSS = "#chatbot .message.user img { max-height: 160px; width: auto; object-fit: contain; }"
 
 
 def conversation(message: dict, history: list[dict], system_prompt: str, limits: MediaLimits) -> list[dict]:

@@ -69,6 +69,8 @@ def wire_sidebar(ui, sidebar: dict, store, chat_id, chatbot, textbox, limits: Me
         return [], None, _listing(stored, None), _export(stored, None), gr.MultimodalTextbox(value=None)
 
     sidebar["new"].click(new_chat, [store], [chatbot, chat_id, chats, export, textbox], **PRIVATE)
+    # The chat's own Clear starts a new chat too; the cleared one stays saved in the list.
+    chatbot.clear(lambda stored: new_chat(stored)[1:4], [store], [chat_id, chats, export], **PRIVATE)
 
     def rename(stored, current, title):
         try:
