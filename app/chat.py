@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from vlchat.app.errors import AppError, is_user_error
-from vlchat.app.generation import engine_message, fitted_outputs, new_request_id, sampling_params
+from vlchat.app.generation import engine_message, fitted_outputs, mm_options, new_request_id, sampling_params
 from vlchat.app.media import load_image
 from vlchat.app.settings import MediaLimits
 
+CUT_NOTE = "[answer cut at the token limit; raise it with --max-tokens]"
 HELP = "Commands: /image PATH (attach to the next message), /reset (forget the conversation), /exit."
 
 
@@ -29,6 +30,7 @@ class TerminalChat:
     system_prompt: str | None = None
     messages: list[dict] = field(default_factory=list)
     pending_images: list = field(default_factory=list)
+    finish_reason: str | None = None  # of the last answer: "length" when it stopped at max_tokens
 
     def command(self, line: str) -> str | None:
         """Handle a /command; returns what to print, or None for /exit."""
@@ -58,11 +60,12 @@ class TerminalChat:
         turn = engine_message("user", [*self.pending_images, text])
         prompt = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + self.messages
         params = sampling_params(**self.sampling)
-        answer = ""
-        async with aclosing(fitted_outputs(self.engine, new_request_id("term"), prompt + [turn], params)) as outputs:
+        answer, self.finish_reason = "", None
+        outputs = fitted_outputs(self.engine, new_request_id("term"), prompt + [turn], params, mm_options(self.limits))
+        async with aclosing(outputs):
             async for output in outputs:
                 delta = output.outputs[0].text[len(answer) :]
-                answer = output.outputs[0].text
+                answer, self.finish_reason = output.outputs[0].text, output.outputs[0].finish_reason
                 if delta:
                     write(delta)
         self.messages += [turn, {"role": "assistant", "content": answer}]
@@ -128,6 +131,8 @@ async def run_chat(chat: TerminalChat, model_label: str, stdin: TextIO = sys.std
                 await asyncio.gather(task, return_exceptions=True)
                 getattr(asyncio.current_task(), "uncancel", lambda: 0)()
                 write("\n(stopped; a second Ctrl-C exits)")
+            if task.done() and not task.cancelled() and chat.finish_reason == "length":
+                write(f"\n{CUT_NOTE}")
             write("\n")
         except Exception as exc:
             if not is_user_error(exc):

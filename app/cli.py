@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vlchat.app import __version__
-from vlchat.app.errors import AppError, is_user_error
+from vlchat.app.errors import is_user_error
 from vlchat.app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if not is_user_error(exc):
             raise
-        kind = "option" if isinstance(exc, AppError) else type(exc).__name__
-        print(f"vlchat {args.command}: {kind} error: {exc}", file=sys.stderr)
+        print(f"vlchat {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -29,6 +29,16 @@ class ClientError(RuntimeError):
         self.status = status
 
 
+class ImageNotFoundError(FileNotFoundError):
+    """An image given by path does not exist here (the client reads it and sends its bytes)."""
+
+    def __init__(self, path: str):
+        super().__init__(
+            f"no image file at {path!r}; pass an existing path, an http(s) or data: URL, bytes or a PIL image"
+        )
+        self.path = path
+
+
 def image_url(image: ImageInput) -> str:
     """A URL the API accepts for `image`: http(s) and data: URLs pass through, anything else becomes a data: URL."""
     if isinstance(image, Image.Image):
@@ -37,27 +47,48 @@ def image_url(image: ImageInput) -> str:
         return _data_url(buffer.getvalue(), "image/png")
     if isinstance(image, (bytes, bytearray)):
         return _data_url(bytes(image), _sniff_mime(bytes(image)))
+    if not isinstance(image, (str, os.PathLike)):
+        raise TypeError(f"an image is a path, URL, bytes or PIL image, not {type(image).__name__}")
     text = os.fspath(image)
     if text.startswith(("http://", "https://", "data:")):
         return text
-    with open(text, "rb") as f:
-        data = f.read()
+    try:
+        with open(text, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ImageNotFoundError(text) from None
     return _data_url(data, _sniff_mime(data))
+
+
+def api_message(message: dict) -> dict:
+    """A history message in the API's form: {"type": "image", "image": ...} parts become image_url parts."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return dict(message)
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "image":
+            parts.append({"type": "image_url", "image_url": {"url": image_url(part["image"])}})
+        else:
+            parts.append(part)
+    return {**message, "content": parts}
 
 
 def build_request(
     text: str,
-    images: Sequence[ImageInput],
+    images: Sequence[ImageInput] | None,
     stream: bool,
     model: str | None,
     system: str | None,
     history: Sequence[dict] | None,
     sampling: dict,
 ) -> dict:
-    content: list[dict] = [{"type": "image_url", "image_url": {"url": image_url(i)}} for i in images]
+    if isinstance(images, (str, bytes, os.PathLike, Image.Image)):
+        images = [images]  # one image given without a list
+    content: list[dict] = [{"type": "image_url", "image_url": {"url": image_url(i)}} for i in images or ()]
     content.append({"type": "text", "text": text})
     messages = [{"role": "system", "content": system}] if system else []
-    messages += list(history or []) + [{"role": "user", "content": content}]
+    messages += [api_message(m) for m in history or []] + [{"role": "user", "content": content}]
     body = {"messages": messages, "stream": stream, **sampling}
     if model:
         body["model"] = model
@@ -120,7 +151,7 @@ class Client:
     def chat(
         self,
         text: str,
-        images: Sequence[ImageInput] = (),
+        images: Sequence[ImageInput] | None = (),
         stream: bool = False,
         *,
         model: str | None = None,
@@ -171,7 +202,7 @@ class AsyncClient:
     async def chat(
         self,
         text: str,
-        images: Sequence[ImageInput] = (),
+        images: Sequence[ImageInput] | None = (),
         stream: bool = False,
         *,
         model: str | None = None,

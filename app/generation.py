@@ -47,12 +47,19 @@ def new_request_id(prefix: str = "chatcmpl") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def stream_outputs(engine, request_id: str, prompt, params: SamplingParams, stream: bool = True) -> AsyncIterator:
+def mm_options(limits, processor_kwargs: dict | None = None) -> dict:
+    """The engine's per-request image options: the server's image limit and the caller's pixel budget."""
+    return {"max_images": limits.max_images_per_request, **(processor_kwargs or {})}
+
+
+async def stream_outputs(
+    engine, request_id: str, prompt, params: SamplingParams, stream: bool = True, mm: dict | None = None
+) -> AsyncIterator:
     """Yield the engine's RequestOutputs (`stream=False`: the final one only); abort the request when the consumer
-    stops before it finished."""
+    stops before it finished. `mm`: the engine's per-request image options (`mm_options`)."""
     finished = False
     try:
-        async for output in engine.generate(request_id, prompt, params, stream=stream):
+        async for output in engine.generate(request_id, prompt, params, mm_options=mm, stream=stream):
             finished = output.finished
             yield output
     finally:
@@ -63,10 +70,12 @@ async def stream_outputs(engine, request_id: str, prompt, params: SamplingParams
                 log.debug("abort of %s failed", request_id, exc_info=True)
 
 
-async def fitted_outputs(engine, request_id: str, prompt, params: SamplingParams) -> AsyncIterator:
+async def fitted_outputs(
+    engine, request_id: str, prompt, params: SamplingParams, mm: dict | None = None
+) -> AsyncIterator:
     """Like `stream_outputs`, but when prompt + max_tokens overflow the context, generate what still fits."""
     try:
-        async with aclosing(stream_outputs(engine, request_id, prompt, params)) as outputs:
+        async with aclosing(stream_outputs(engine, request_id, prompt, params, mm=mm)) as outputs:
             async for output in outputs:
                 yield output
         return
@@ -74,6 +83,7 @@ async def fitted_outputs(engine, request_id: str, prompt, params: SamplingParams
         room = exc.max_model_len - exc.prompt_len
         if exc.max_tokens is None or room < 1 or params.max_tokens is None or room >= params.max_tokens:
             raise
-    async with aclosing(stream_outputs(engine, request_id + "-fit", prompt, replace(params, max_tokens=room))) as out:
+    fitted = replace(params, max_tokens=room)
+    async with aclosing(stream_outputs(engine, request_id + "-fit", prompt, fitted, mm=mm)) as out:
         async for output in out:
             yield output

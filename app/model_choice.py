@@ -12,6 +12,12 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEMO_MODEL = ASSETS / "demo-model"
 EXAMPLES = ASSETS / "examples"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif")
+# What a Hugging Face model directory holds besides config.json (any one name of each kind).
+REQUIRED_FILES = {
+    "weights (*.safetensors or pytorch_model*.bin)": ("*.safetensors", "pytorch_model*.bin"),
+    "tokenizer (tokenizer.json, tokenizer.model or vocab.json)": ("tokenizer.json", "tokenizer.model", "vocab.json",
+                                                                  "tokenizer_config.json"),
+}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -43,10 +49,18 @@ def resolve_model(model: str | None, served_name: str | None = None) -> ModelCho
     path = Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":  # config, tokenizer and weights in one file (llm/gguf.py)
         return ModelChoice(str(path), served_name or path.stem, False, False, [EXAMPLES])
+    if path.is_file():
+        raise ConfigError(f"{path} is a file but not a .gguf checkpoint; --model takes a Hugging Face model "
+                          "directory, a Hub id (owner/name) or a .gguf file")  # fmt: skip
     if not path.is_dir():
         path = _from_hub_cache(model)
     if not (path / "config.json").is_file():
-        raise ConfigError(f"{path} has no config.json; --model takes a Hugging Face model directory or Hub id")
+        raise ConfigError(f"{path} has no config.json; --model takes a Hugging Face model directory, a Hub id or a "
+                          ".gguf file")  # fmt: skip
+    missing = [what for what, names in REQUIRED_FILES.items() if not any(any(path.glob(n)) for n in names)]
+    if missing:
+        raise ConfigError(f"{path} has a config.json but no {' and no '.join(missing)}; copy the whole model "
+                          "directory as saved by transformers (save_pretrained) or pass a .gguf file")  # fmt: skip
     meta = _demo_meta(path)
     untrained = meta.get("trained", True) is False
     return ModelChoice(str(path), served_name or meta.get("name") or path.name, untrained, False, [EXAMPLES])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import secrets
+import socket
 import sys
 import threading
 
@@ -14,6 +16,7 @@ from fastapi.responses import JSONResponse
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
 from vlchat.app.api.routes import build_router
+from vlchat.app.errors import ConfigError
 from vlchat.app.head_guard import HeadGuard
 from vlchat.app.heap import return_large_frees_to_the_system
 from vlchat.app.http_protocol import GuardedH11Protocol
@@ -84,7 +87,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         quiet_gradio_defaults()
         import gradio as gr
 
-        from vlchat.app.ui import build_ui
+        from vlchat.app.ui import CSS, build_ui
 
         blocks = build_ui(engine, model, config)
         app = gr.mount_gradio_app(
@@ -97,6 +100,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
             server_name=config.host,
             server_port=config.port,
             footer_links=["api", "settings"],
+            css=CSS,
         )
         # Gradio checks that file paths in a request were uploaded by a user only once `launch()` ran;
         # a mounted app never launches, so without this any image file on the server could be named.
@@ -148,6 +152,26 @@ def start_share_link(config: ServerConfig) -> None:
     threading.Thread(target=run, name="vlchat-share", daemon=True).start()
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise ConfigError when `host:port` cannot be bound (another server has it, or the address is not ours)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ConfigError(f"--host {host!r} is not an address of this machine; use 127.0.0.1 or 0.0.0.0") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closing socket is no clash
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is already in use; stop the program using it or pick "
+                                  "another with --port N") from None  # fmt: skip
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); pick another --host or --port"
+            ) from None
+
+
 def serve(config: ServerConfig) -> int:
     """Load the model, start the engine and serve until interrupted."""
     import uvicorn
@@ -156,6 +180,7 @@ def serve(config: ServerConfig) -> int:
 
     quiet_gradio_defaults()
     warn_if_unprotected(config)
+    check_port_free(config.host, config.port)  # before the model loads: a taken port fails in a second, not later
     return_large_frees_to_the_system()  # before the model loads: its large blocks follow the same rule
     model = resolve_model(config.model, served_name=config.served_model_name)
     engine = start_engine(model, config.engine_options)

@@ -30,11 +30,12 @@ class MediaLimits:
     max_working_pixels: int = 4_194_304  # larger images are scaled down (aspect kept) before the model's processor
     max_decode_bytes: int = 256 * 1024 * 1024  # image decoding of the whole server at once (app/decode_budget.py)
     decode_wait_s: float = 30.0  # a decode that waits longer for room answers 503
+    max_processor_pixels: int = 16384 * 28 * 28  # the most a request's mm_processor_kwargs may ask (Qwen's default)
     decoding: DecodeBudget = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         limits = (self.max_image_bytes, self.max_image_pixels, self.max_images_per_request, self.max_request_pixels,
-                  self.max_working_pixels, self.max_decode_bytes)  # fmt: skip
+                  self.max_working_pixels, self.max_decode_bytes, self.max_processor_pixels)  # fmt: skip
         if min(limits) <= 0:
             raise ConfigError("image limits must be positive")
         self.decoding = DecodeBudget(self.max_decode_bytes, self.decode_wait_s)

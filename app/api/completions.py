@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from vlchat.app.api.errors import error_body
 from vlchat.app.api.protocol import ChatCompletionRequest, ImagePart, StreamOptions
 from vlchat.app.errors import AppError, ModelNotFoundError, is_user_error, user_error_status
-from vlchat.app.generation import engine_message, new_request_id, sampling_params, stream_outputs
+from vlchat.app.generation import engine_message, mm_options, new_request_id, sampling_params, stream_outputs
 from vlchat.app.media import load_images
 from vlchat.app.settings import ServerConfig
 
@@ -29,6 +29,7 @@ class PreparedRequest:
     params: object  # llm.SamplingParams
     include_usage: bool
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
+    mm: dict | None = None  # the engine's per-request image options
 
 
 async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, model_name: str) -> PreparedRequest:
@@ -75,9 +76,23 @@ async def prepare(body: ChatCompletionRequest, config: ServerConfig, engine, mod
         ignore_eos=body.ignore_eos or None,
     )
     options = body.stream_options or StreamOptions()
+    mm = mm_options(config.media, processor_kwargs(body, config))
     return PreparedRequest(
-        new_request_id(), model_name, prompt, params, options.include_usage, options.continuous_usage_stats
+        new_request_id(), model_name, prompt, params, options.include_usage, options.continuous_usage_stats, mm
     )
+
+
+def processor_kwargs(body: ChatCompletionRequest, config: ServerConfig) -> dict:
+    """`mm_processor_kwargs` within the server's limit: an image may not be sized above max_processor_pixels."""
+    if body.mm_processor_kwargs is None:
+        return {}
+    given = body.mm_processor_kwargs.model_dump(exclude_none=True)
+    limit = config.media.max_processor_pixels
+    for name, value in given.items():
+        if value > limit:
+            raise AppError(f"mm_processor_kwargs.{name}={value} is over this server's limit of {limit} pixels",
+                           param=f"mm_processor_kwargs.{name}")  # fmt: skip
+    return given
 
 
 def usage(output, completions=None) -> dict:
@@ -94,7 +109,9 @@ def usage(output, completions=None) -> dict:
 async def complete(engine, req: PreparedRequest) -> dict:
     """Run to the end and answer with one chat.completion object."""
     last = None
-    async with aclosing(stream_outputs(engine, req.request_id, req.prompt, req.params, stream=False)) as outputs:
+    async with aclosing(
+        stream_outputs(engine, req.request_id, req.prompt, req.params, stream=False, mm=req.mm)
+    ) as outputs:
         async for output in outputs:
             last = output
     choices = [
@@ -118,7 +135,7 @@ async def complete(engine, req: PreparedRequest) -> dict:
 
 async def open_stream(engine, req: PreparedRequest) -> AsyncIterator[str]:
     """Start generating now (so errors such as a too-long prompt are still 4xx) and return the SSE lines."""
-    outputs = stream_outputs(engine, req.request_id, req.prompt, req.params)
+    outputs = stream_outputs(engine, req.request_id, req.prompt, req.params, mm=req.mm)
     try:
         first = await outputs.__anext__()
     except StopAsyncIteration:

@@ -79,8 +79,22 @@ UNSUPPORTED_FIELDS = {
 }
 
 
+class ProcessorKwargs(_Strict):
+    """Per-request image budget for processors that size images by pixel count (Qwen2-VL, Qwen2.5-VL)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    min_pixels: int | None = Field(default=None, ge=1)
+    max_pixels: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ValueError("min_pixels must not exceed max_pixels")
+        return self
+
+
 class ChatCompletionRequest(_Strict):
-    """Standard fields plus the extras top_k, min_p, repetition_penalty and ignore_eos."""
+    """Standard fields plus the extras top_k, min_p, repetition_penalty, ignore_eos and mm_processor_kwargs."""
 
     @model_validator(mode="before")
     @classmethod
@@ -108,6 +122,7 @@ class ChatCompletionRequest(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     user: str | None = None
+    mm_processor_kwargs: ProcessorKwargs | None = None  # vLLM's name
 
     @field_validator("stop")
     @classmethod

@@ -1,4 +1,4 @@
-"""CPU latency of the demo model through vlchat's engine: first token and a short answer for one image.
+"""CPU latency of the demo model through vlchat's engine: first token and answers for one image, first token for three.
 
     python -m scripts.demo.bench_cpu [--threads 2] [--runs 10]
 
@@ -26,36 +26,41 @@ from scripts.demo.build import IMAGE_SIZE, MODEL_DIR
 from scripts.demo.shapes import random_scene, render
 
 RESULTS_DIR = MODEL_DIR.parents[1] / "benchmarks" / "results"
-QUESTIONS = {"first_token": ("What color is the circle?", 1), "short_answer": ("What color is the circle?", 32)}
-QUESTIONS["describe"] = ("Describe the image.", 64)
+# case: (question, max new tokens, images per request)
+QUESTIONS = {"first_token": ("What color is the circle?", 1, 1), "short_answer": ("What color is the circle?", 32, 1)}
+QUESTIONS["describe"] = ("Describe the image.", 64, 1)
+QUESTIONS["first_token_3_images"] = ("Describe the images.", 1, 3)
 
 
-def _messages(question: str, image) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
+def _messages(question: str, images: list) -> list[dict]:
+    parts = [{"type": "image", "image": image} for image in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}]
 
 
-def time_vlchat(llm, images, question: str, max_tokens: int) -> tuple[list[float], list[float], int]:
-    """Wall seconds and process CPU seconds (all threads) per request, and the answer's token count."""
+def time_vlchat(llm, requests, question: str, max_tokens: int) -> tuple[list[float], list[float], int]:
+    """Wall seconds and process CPU seconds (all threads) per request (a list of images), and the answer's tokens."""
     from vlchat.llm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     times, cpu, tokens = [], [], 0
-    for image in images:
+    for images in requests:
         start, start_cpu = time.perf_counter(), time.process_time()
-        out = llm.generate([_messages(question, image)], params)[0]
+        out = llm.generate([_messages(question, images)], params)[0]
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
         tokens = len(out.token_ids)
     return times, cpu, tokens
 
 
-def time_transformers(model, processor, images, question: str, max_tokens: int) -> list[float]:
+def time_transformers(model, processor, requests, question: str, max_tokens: int) -> list[float]:
     times = []
-    for image in images:
+    for images in requests:
         start = time.perf_counter()
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        messages = [
+            {"role": "user", "content": [*[{"type": "image"}] * len(images), {"type": "text", "text": question}]}
+        ]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
-        inputs = processor(images=[image], text=[text], return_tensors="pt")
+        inputs = processor(images=images, text=[text], return_tensors="pt")
         with torch.no_grad():
             model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
         times.append(time.perf_counter() - start)
@@ -80,9 +85,11 @@ def main() -> None:
     processor = AutoProcessor.from_pretrained(MODEL_DIR)
     model = LlavaForConditionalGeneration.from_pretrained(MODEL_DIR).eval()
     rows = []
-    for name, (question, max_tokens) in QUESTIONS.items():
-        warm = [render(random_scene(rng), IMAGE_SIZE * 3, rng) for _ in range(2)]
-        images = [render(random_scene(rng), IMAGE_SIZE * 3, rng) for _ in range(args.runs)]
+    for name, (question, max_tokens, per_request) in QUESTIONS.items():
+        warm = [[render(random_scene(rng), IMAGE_SIZE * 3, rng) for _ in range(per_request)] for _ in range(2)]
+        images = [
+            [render(random_scene(rng), IMAGE_SIZE * 3, rng) for _ in range(per_request)] for _ in range(args.runs)
+        ]
         time_vlchat(llm, warm, question, max_tokens)
         ours, ours_cpu, tokens = time_vlchat(llm, images, question, max_tokens)
         time_transformers(model, processor, warm, question, max_tokens)

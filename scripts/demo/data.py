@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from scripts.demo.build import IMAGE_SIZE, NUM_IMAGE_TOKENS
 from scripts.demo.conversation import Turn, random_dialogue, text_only_turn
+from scripts.demo.multi import deep_follow_ups, multi_dialogue
 from scripts.demo.shapes import random_scene, render_for_model
 from scripts.demo.tokenizer import ASSISTANT, BOS, END, IMAGE, USER
 
@@ -33,11 +34,13 @@ class DialogueEncoder:
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def encode(self, turns: list[Turn], image_turn: int | None) -> tuple[list[int], list[int]]:
-        """Returns (input_ids, labels); labels are IGNORE except on answers and their end token."""
+    def encode(self, turns: list[Turn], image_turn: int | None, num_images: int = 1) -> tuple[list[int], list[int]]:
+        """Returns (input_ids, labels); labels are IGNORE except on answers and their end token.
+
+        The `num_images` images come before the text of turn `image_turn`."""
         ids, labels = [self.bos], [IGNORE]
         for i, turn in enumerate(turns):
-            prompt = [self.user] + [self.image] * (NUM_IMAGE_TOKENS if i == image_turn else 0)
+            prompt = [self.user] + [self.image] * (NUM_IMAGE_TOKENS * num_images if i == image_turn else 0)
             prompt += [*self._encode(turn.question), self.end, self.assistant]
             answer = [*self._encode(turn.answer), self.end]
             ids += prompt + answer
@@ -45,17 +48,25 @@ class DialogueEncoder:
         return ids, labels
 
 
-def random_sample(rng: random.Random) -> tuple[list[Turn], int | None, object]:
-    """(turns, index of the turn that carries the image or None, PIL image or None)."""
+def random_sample(rng: random.Random) -> tuple[list[Turn], int | None, list]:
+    """(turns, index of the turn that carries the images or None, the PIL images in order).
+
+    Mix: 5% no image, 25% two or three images in one message, 10% one image with follow-ups three
+    turns deep, the rest one image; a greeting comes first in 4% of the conversations with images.
+    """
     r = rng.random()
     if r < 0.05:
-        return [text_only_turn(rng) for _ in range(rng.randint(1, 2))], None, None
-    scene = random_scene(rng)
-    image = render_for_model(scene, rng, IMAGE_SIZE)
-    turns = random_dialogue(scene, rng)
-    if r > 0.96:  # a greeting first, the image with the second message
-        return [text_only_turn(rng), *turns], 1, image
-    return turns, 0, image
+        return [text_only_turn(rng) for _ in range(rng.randint(1, 2))], None, []
+    if r < 0.30:
+        scenes = [random_scene(rng) for _ in range(rng.randint(2, 3))]
+        turns = multi_dialogue(scenes, rng)
+    else:
+        scenes = [random_scene(rng)]
+        turns = deep_follow_ups(scenes[0], rng, rng.randint(2, 4)) if r < 0.40 else random_dialogue(scenes[0], rng)
+    images = [render_for_model(scene, rng, IMAGE_SIZE) for scene in scenes]
+    if rng.random() < 0.04:  # a greeting first, the images with the second message
+        return [text_only_turn(rng), *turns], 1, images
+    return turns, 0, images
 
 
 class DialogueStream(torch.utils.data.IterableDataset):
@@ -75,10 +86,9 @@ class DialogueStream(torch.utils.data.IterableDataset):
 def make_batch(encoder: DialogueEncoder, rng: random.Random, batch_size: int) -> dict[str, torch.Tensor]:
     rows, images = [], []
     for _ in range(batch_size):
-        turns, image_turn, image = random_sample(rng)
-        rows.append(encoder.encode(turns, image_turn))
-        if image is not None:
-            images.append(np.asarray(image, dtype=np.uint8))
+        turns, image_turn, sample_images = random_sample(rng)
+        rows.append(encoder.encode(turns, image_turn, len(sample_images)))
+        images += [np.asarray(image, dtype=np.uint8) for image in sample_images]
     length = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((batch_size, length), encoder.tokenizer.token_to_id("<pad>"), dtype=torch.long)
     labels = torch.full((batch_size, length), IGNORE, dtype=torch.long)

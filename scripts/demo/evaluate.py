@@ -4,7 +4,9 @@
     python -m scripts.demo.evaluate --backend transformers
 
 Scenes come from a seed the training never uses; every scene is asked one question of each image
-type, one follow-up (a second turn after a gold first answer) and one text-only message. An answer
+type, one follow-up (a second turn after a gold first answer) and one text-only message; then, from
+a second seed, one question about all of two or three images sent together ("multi"), one about one
+of them ("multi_one") and a follow-up in the third turn after two gold turns ("followup3"). An answer
 counts when it equals the templated answer exactly (surrounding whitespace ignored).
 """
 
@@ -22,22 +24,28 @@ from PIL import Image
 
 from scripts.demo.build import IMAGE_SIZE, MODEL_DIR
 from scripts.demo.conversation import IMAGE_TYPES, QUESTION_TYPES, ask, follow_up, text_only_turn
+from scripts.demo.multi import MultiDialogue, deep_follow_ups
 from scripts.demo.shapes import random_scene, render
 
 EVAL_SEED = 20261130  # training draws from seeds below 100_000
+EVAL_TYPES = (*QUESTION_TYPES, "multi", "multi_one", "followup3")
 
 
 @dataclass(slots=True)
 class EvalItem:
     qtype: str
-    messages: list[dict]  # OpenAI-style; the image part is {"type": "image"}
-    image: Image.Image | None
+    messages: list[dict]  # OpenAI-style; image parts are {"type": "image"}, in the order of `images`
+    images: list[Image.Image]
     expected: str
 
 
-def _user(text: str, with_image: bool) -> dict:
-    parts = [{"type": "image"}] if with_image else []
+def _user(text: str, num_images: int) -> dict:
+    parts = [{"type": "image"}] * int(num_images)
     return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def _assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text}
 
 
 def eval_items(num_scenes: int = 500, seed: int = EVAL_SEED) -> list[EvalItem]:
@@ -49,15 +57,33 @@ def eval_items(num_scenes: int = 500, seed: int = EVAL_SEED) -> list[EvalItem]:
         image = render(scene, IMAGE_SIZE * scale, rng)
         for qtype in IMAGE_TYPES:
             turn = ask(scene, qtype, rng)
-            items.append(EvalItem(qtype, [_user(turn.question, True)], image, turn.answer))
+            items.append(EvalItem(qtype, [_user(turn.question, 1)], [image], turn.answer))
         while (
             second := follow_up(scene, first := ask(scene, rng.choice(("color", "exists", "where")), rng), rng)
         ) is None:
             pass
-        history = [_user(first.question, True), {"role": "assistant", "content": first.answer}]
-        items.append(EvalItem("followup", [*history, _user(second.question, False)], image, second.answer))
+        history = [_user(first.question, 1), _assistant(first.answer)]
+        items.append(EvalItem("followup", [*history, _user(second.question, 0)], [image], second.answer))
         text = text_only_turn(rng)
-        items.append(EvalItem("text", [_user(text.question, False)], None, text.answer))
+        items.append(EvalItem("text", [_user(text.question, 0)], [], text.answer))
+    return items + several_image_items(num_scenes, seed + 1)
+
+
+def several_image_items(num_scenes: int, seed: int) -> list[EvalItem]:
+    """Per scene: two or three images with one question about all and one about one; a third-turn follow-up."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(num_scenes):
+        scenes = [random_scene(rng) for _ in range(rng.randint(2, 3))]
+        scale = rng.choice((1, 1, 2, 3))
+        images = [render(scene, IMAGE_SIZE * scale, rng) for scene in scenes]
+        talk = MultiDialogue(scenes, rng)
+        for qtype, turn in (("multi", talk.every()), ("multi_one", talk.one())):
+            items.append(EvalItem(qtype, [_user(turn.question, len(images))], images, turn.answer))
+        first, second, third = deep_follow_ups(scenes[0], rng, 3)
+        history = [_user(first.question, 1), _assistant(first.answer), _user(second.question, 0),
+                   _assistant(second.answer)]  # fmt: skip
+        items.append(EvalItem("followup3", [*history, _user(third.question, 0)], images[:1], third.answer))
     return items
 
 
@@ -67,7 +93,7 @@ def score(items: list[EvalItem], answers: list[str]) -> dict[str, dict[str, floa
         total[item.qtype] += 1
         right[item.qtype] += answer.strip() == item.expected
     table = {
-        t: {"correct": right[t], "total": total[t], "accuracy": right[t] / total[t]} for t in QUESTION_TYPES if total[t]
+        t: {"correct": right[t], "total": total[t], "accuracy": right[t] / total[t]} for t in EVAL_TYPES if total[t]
     }
     n, r = sum(total.values()), sum(right.values())
     table["overall"] = {"correct": r, "total": n, "accuracy": r / n}
@@ -87,15 +113,15 @@ def answer_with_transformers(model, processor, items: list[EvalItem], batch_size
     device = next(model.parameters()).device
     processor.tokenizer.padding_side = "left"
     texts = [processor.apply_chat_template(item.messages, add_generation_prompt=True) for item in items]
-    order = sorted(range(len(items)), key=lambda i: (items[i].image is None, len(texts[i])))
+    order = sorted(range(len(items)), key=lambda i: (not items[i].images, len(texts[i])))
     answers = [""] * len(items)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         for with_image in (True, False):
-            idx = [i for i in chunk if (items[i].image is not None) == with_image]
+            idx = [i for i in chunk if bool(items[i].images) == with_image]
             if not idx:
                 continue
-            images = [items[i].image for i in idx] if with_image else None
+            images = [image for i in idx for image in items[i].images] if with_image else None
             batch = processor(images=images, text=[texts[i] for i in idx], padding=True, return_tensors="pt")
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model.generate(**batch, max_new_tokens=64, do_sample=False)
@@ -105,12 +131,12 @@ def answer_with_transformers(model, processor, items: list[EvalItem], batch_size
 
 
 def with_images(item: EvalItem) -> list[dict]:
-    """The item's messages with the PIL image in its {"type": "image"} part, as vlchat takes it."""
-    messages = []
+    """The item's messages with its PIL images in the {"type": "image"} parts, in order, as vlchat takes them."""
+    images, messages = iter(item.images), []
     for message in item.messages:
         content = message["content"]
         if not isinstance(content, str):
-            content = [{**p, "image": item.image} if p["type"] == "image" else p for p in content]
+            content = [{**p, "image": next(images)} if p["type"] == "image" else p for p in content]
         messages.append({**message, "content": content})
     return messages
 

@@ -41,3 +41,16 @@ def test_run_chat_prints_errors_not_tracebacks(tiny_engine, tmp_path):
     out = stdout.getvalue()
     assert "error: the data is not a readable image" in out and "unknown command /what" in out
     assert "Traceback" not in out and len(chat.messages) == 2
+
+
+def test_an_answer_cut_at_max_tokens_says_so(tiny_engine):
+    from vlchat.app.chat import CUT_NOTE
+
+    def run(max_tokens):
+        chat = TerminalChat(tiny_engine, MediaLimits(), sampling={"max_tokens": max_tokens, "temperature": 0.0,
+                                                                   "ignore_eos": True})  # fmt: skip
+        stdout = io.StringIO()
+        assert asyncio.run(run_chat(chat, "tiny", io.StringIO("Hello\n/exit\n"), stdout)) == 0
+        return stdout.getvalue()
+
+    assert CUT_NOTE in run(3)

@@ -50,13 +50,35 @@ def test_tensor_parallel_options_reach_the_engine(monkeypatch):
         (["serve", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
         (["chat", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
         (["serve", "--model", "nobody/no-such-model"], "could not get 'nobody/no-such-model'"),
+        (["serve", "--model", __file__], "a .gguf file"),
     ],
-    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline"],
+    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline", "not-a-model-file"],
 )
 def test_bad_options_are_one_line_errors(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+    assert err.startswith(f"vlchat {argv[0]}: error: ")  # one "error", not "ModelLoadError error:"
+
+
+def test_a_folder_with_only_config_json_names_what_is_missing(capsys, tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    assert main(["chat", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no weights" in err and "no tokenizer" in err and "sentencepiece" not in err.lower()
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # a model path that would fail to load: the port check must come first
+        assert main(["serve", "--port", str(port), "--model", "/no/such/model"]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err and err.count("\n") == 1
 
 
 def test_share_without_protection_warns_loudly(capsys):
@@ -137,6 +159,7 @@ def test_model_choices(tmp_path):
     (tmp_path / "gemma-q4.gguf").write_bytes(b"GGUF")
     assert resolve_model(str(tmp_path / "gemma-q4.gguf")).name == "gemma-q4"
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (tmp_path / "m" / name).write_text("{}")
     (tmp_path / "m" / "vlchat.json").write_text('{"trained": false}')
     assert resolve_model(str(tmp_path / "m"), served_name="x").untrained

@@ -49,3 +49,72 @@ def test_respond_streams_and_turns_bad_files_into_warnings(tiny_engine, tmp_path
     (tmp_path / "fake.png").write_bytes(b"not a png")
     with pytest.warns(UserWarning, match="not a readable image"):
         assert asyncio.run(collect({"text": "Hello", "files": [str(tmp_path / "fake.png")]})) == []
+
+
+def run_turn(engine, message, history, settings=("", 0.0, 1.0, 12), config=None):
+    """One browser turn through the UI's send handler: (the (textbox, chat) updates, the warnings shown)."""
+    import warnings
+
+    from vlchat.app.ui import make_turns
+
+    send = make_turns(engine, config or ServerConfig())[0]
+
+    async def collect():
+        return [update async for update in send(message, list(history), *settings)]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        updates = asyncio.run(collect())
+    return updates, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_a_refused_turn_leaves_the_chat_as_it_was_and_the_next_one_works(tiny_engine, tmp_path):
+    (tmp_path / "broken.png").write_bytes(b"these bytes are not a picture")
+    bad = {"text": "What is this?", "files": [str(tmp_path / "broken.png")]}
+    updates, warned = run_turn(tiny_engine, bad, [])
+    ((textbox, chat),) = updates
+    assert chat == [] and textbox["value"] == bad and len(warned) == 1 and "not a readable image" in warned[0]
+
+    good = {"text": "Hello!", "files": [ONE]}
+    updates, warned = run_turn(tiny_engine, good, chat)
+    final = updates[-1][1]
+    assert not warned and [m["role"] for m in final] == ["user", "user", "assistant"]
+    assert final[-1]["content"][0]["text"]
+
+
+def test_an_over_long_paste_is_refused_and_kept_in_the_box(tiny_engine):
+    history = run_turn(tiny_engine, {"text": "Hello!", "files": []}, [])[0][-1][1]
+    paste = {"text": "word " * 5000, "files": []}
+    updates, warned = run_turn(tiny_engine, paste, history)
+    ((textbox, chat),) = updates[-1:]
+    assert chat == history and textbox["value"] == paste and len(warned) == 1 and "context" in warned[0]
+    again, warned = run_turn(tiny_engine, {"text": "Hello!", "files": []}, chat)
+    assert not warned and len(again[-1][1]) == 4
+
+
+def test_a_spaces_only_message_adds_nothing(tiny_engine):
+    updates, warned = run_turn(tiny_engine, {"text": "   ", "files": []}, [])
+    assert updates[-1][1] == [] and len(warned) == 1 and "type a message" in warned[0]
+
+
+def test_an_answer_cut_by_max_new_tokens_says_so_and_the_note_never_reaches_the_model(tiny_engine):
+    from vlchat.app.ui_history import CUT_NOTE, engine_messages
+
+    config = ServerConfig(sampling_defaults={"ignore_eos": True})
+    updates, _ = run_turn(tiny_engine, {"text": "Hello!", "files": []}, [], ("", 0.0, 1.0, 3), config)
+    chat = updates[-1][1]
+    assert chat[-1]["content"][0]["text"].endswith(CUT_NOTE)
+    later = engine_messages([*chat, {"role": "user", "content": [{"type": "text", "text": "more"}]}], "", MediaLimits())
+    assert CUT_NOTE not in later[1]["content"]
+
+
+def test_every_image_of_a_message_reaches_the_model(tiny_engine):
+    messages = conversation({"text": "Compare them.", "files": [ONE, TWO]}, [], "", MediaLimits())
+    prompt = tiny_engine.engine.normalize_prompt(messages, {"max_images": 8})
+    assert len(prompt.images) == 2 and prompt.images[0].hash != prompt.images[1].hash
+
+
+def test_more_than_eight_images_pass_when_the_server_allows_them(tiny_engine):
+    config = ServerConfig(media=MediaLimits(max_images_per_request=10))
+    updates, warned = run_turn(tiny_engine, {"text": "Count them.", "files": [ONE] * 9}, [], config=config)
+    assert not warned and updates[-1][1][-1]["role"] == "assistant"

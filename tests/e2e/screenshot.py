@@ -2,8 +2,8 @@
 
     python -m tests.e2e.screenshot
 
-Not a test: it serves assets/demo-model, clicks the first example in headless chromium and saves
-the page once the answer is complete.
+Not a test: it serves assets/demo-model, clicks the first example in headless chromium, asks a
+follow-up (greedy answers) and saves the page, saved chat in the sidebar, once the answers are complete.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tests.app.live import demo_choice, start_engine, start_server
 from tests.e2e.conftest import BROWSER_ARGS, CHROMIUM
+from tests.e2e.test_chat_walk import answered, greedy, send
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshot-ui.png"
 
@@ -26,11 +27,14 @@ def main(out: Path = OUT) -> None:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-            page = browser.new_page(viewport={"width": 1000, "height": 760})
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
             page.goto(server.url)
+            page.wait_for_selector("#prompt textarea")
+            greedy(page)
             page.locator("button.example").first.click()
-            page.wait_for_selector("#chatbot .message.bot")
-            page.wait_for_selector("#prompt .submit-button", timeout=60_000)  # the answer is complete
+            answered(page, 1)
+            send(page, "How many shapes are there?")
+            answered(page, 2)
             time.sleep(0.5)
             page.screenshot(path=str(out))
             browser.close()

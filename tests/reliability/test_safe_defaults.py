@@ -139,7 +139,7 @@ def test_ui_does_not_fetch_remote_files_unless_allowed(vlm_engine, monkeypatch):
 
     monkeypatch.setattr(gradio.processing_utils, "async_ssrf_protected_download", recorder)
     remote = {"path": "http://203.0.113.5/cat.png", "meta": {"_type": "gradio.FileData"}}  # TEST-NET-3
-    data = [{"text": "What is this?", "files": [remote]}, "", 0.0, 1.0, 4]
+    data = [{"text": "What is this?", "files": [remote]}, "", 0.0, 1.0, 4, []]
     choice = ModelChoice(vlm_engine.config.model, "vlchat-demo")
     for allow_remote in (False, True):
         server = start_server(vlm_engine, choice, media=MediaLimits(allow_remote=allow_remote))

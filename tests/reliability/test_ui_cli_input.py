@@ -110,16 +110,21 @@ def test_ui_max_new_tokens_beyond_the_context_still_answers(vlm_engine):
     wait_idle(vlm_engine)
 
 
-def test_ui_odd_history_entries_are_skipped(vlm_engine):
-    history = [
-        {"role": "tool", "content": "ignored"},
-        {"role": "user", "content": None},
-        {"role": "assistant", "content": [{"type": "weird"}, "plain text"]},
-        {"role": "user", "content": [{"type": "file"}]},
-        {"no role": True},
-    ]
-    texts, warned = respond_once(vlm_engine, {"text": "Hello", "files": []}, history=history)
-    assert texts and not warned, warned
+ODD_HISTORY = [
+    ({"role": "tool", "content": "ignored"}, "message 0.role"),
+    ({"role": "user", "content": None}, "needs content"),
+    ({"role": "assistant", "content": [{"type": "weird"}, "plain text"]}, "'weird'"),
+    ({"role": "user", "content": [{"type": "file"}]}, "'file'"),
+    ({"no role": True}, "role"),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "/etc/passwd"}}]}, "local file paths"),
+]
+
+
+@pytest.mark.parametrize("entry, needle", ODD_HISTORY, ids=[str(i) for i in range(len(ODD_HISTORY))])
+def test_ui_api_odd_history_entries_are_named_in_a_warning(vlm_engine, entry, needle):
+    # the /chat API's `history` is OpenAI messages from the caller: checked like a /v1 request, never trusted
+    texts, warned = respond_once(vlm_engine, {"text": "Hello", "files": []}, history=[entry])
+    assert texts == [] and len(warned) == 1 and needle in warned[0] and "Generation failed" not in warned[0], warned
 
 
 def _chat(engine, stdin, **kw) -> tuple[int, str, TerminalChat]:

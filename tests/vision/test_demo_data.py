@@ -117,3 +117,50 @@ def test_training_pixels_match_the_processor(processor):
     ours = normalize_images(batch["images"], ip.image_mean, ip.image_std)
     theirs = processor.image_processor(images=list(batch["images"].numpy()), return_tensors="pt")["pixel_values"]
     assert (ours - theirs).abs().max() < 1e-5
+
+
+def test_several_images_encode_as_the_processor_does(processor):
+    from scripts.demo.multi import multi_dialogue
+
+    rng = random.Random(7)
+    encoder = DialogueEncoder(str(MODEL_DIR / "tokenizer.json"))
+    for count in (2, 3):
+        scenes = [random_scene(rng) for _ in range(count)]
+        turns = multi_dialogue(scenes, rng)
+        messages = []
+        for i, turn in enumerate(turns):
+            parts = [{"type": "image"}] * (count if i == 0 else 0)
+            messages.append({"role": "user", "content": [*parts, {"type": "text", "text": turn.question}]})
+            messages.append({"role": "assistant", "content": turn.answer})
+        text = processor.apply_chat_template(messages)
+        expected = processor(images=[render(s, IMAGE_SIZE) for s in scenes], text=[text])["input_ids"][0]
+        ids, _ = encoder.encode(turns, image_turn=0, num_images=count)
+        assert list(expected) == ids
+        assert ids.count(processor.tokenizer.convert_tokens_to_ids("<image>")) == NUM_IMAGE_TOKENS * count
+
+
+def test_answers_about_several_images_name_each_image():
+    from scripts.demo.multi import MultiDialogue, about, deep_follow_ups
+
+    other = Scene((Shape("triangle", "green", 2, 0.8, 0.2, 0.2),), (240, 240, 240))
+    assert about(answer_count(SCENE), 1) == "In the second image, there are three shapes."
+    assert about(answer_shapes(other), 0) == "In the first image, I see a green triangle."
+    assert about(answer_color(other, "circle"), 0) == "In the first image, there is no circle."
+    assert about(answer_describe(other), 2).startswith("The third image shows one shape on a light background")
+    rng = random.Random(0)
+    talk = MultiDialogue([SCENE, other], rng)
+    every = talk.every()
+    assert every.answer.count("first image") == 1 and every.answer.count("second image") == 1
+    one = talk.one(index=1, qtype="where")
+    assert one.question.endswith("second image?") or "second image" in one.question
+    assert one.answer.startswith("In the second image, ")
+    turns = deep_follow_ups(SCENE, rng, 3)
+    assert [t.kind for t in turns][1:] == ["followup", "followup"]
+
+
+def test_training_batches_mix_no_one_and_several_images():
+    from scripts.demo.data import random_sample
+
+    rng = random.Random(2)
+    counts = [len(random_sample(rng)[2]) for _ in range(400)]
+    assert {0, 1, 2, 3} <= set(counts)
