@@ -19,7 +19,7 @@ from vlchat.llm.engine.model_runner import ModelRunner
 from vlchat.llm.engine.request import Request
 from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
-from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, RequestFailedError
+from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, RequestFailedError, WorkerDiedError
 from vlchat.llm.inputs import MultiModalPrompt, max_prompt_chars, normalize_prompt
 from vlchat.llm.outputs import RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
@@ -200,6 +200,8 @@ class LLMEngine:
             samplers = [s for s in seqs if s.samples_this_step]
             try:
                 pending = self.runner.launch(seqs)
+            except WorkerDiedError:  # the engine itself is gone: no request caused it, none can go on
+                raise
             except Exception as e:  # noqa: BLE001 - pinned on the request(s) that cause it; the others go on
                 pending, failed = launch_isolated(self.runner, seqs, e)
                 for request_id, cause in failed.items():
@@ -216,6 +218,8 @@ class LLMEngine:
     def _collect(self, samplers: list[Sequence], pending) -> None:
         try:
             result = pending.result()  # waits for that step's tokens
+        except WorkerDiedError:  # the engine itself is gone: every request ends with it
+            raise
         except Exception as e:  # noqa: BLE001 - the device failed this step: its requests fail, the others go on
             logger.exception("collecting a step failed; failing its %d sequences' requests", len(samplers))
             for seq in samplers:

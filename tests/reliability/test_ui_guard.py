@@ -37,7 +37,7 @@ def recorded_downloads(monkeypatch):
 
 
 def chat_call(server, message: dict) -> httpx.Response:
-    return httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4]}, timeout=30)
+    return httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": [message, "", 0.0, 1.0, 4, []]}, timeout=30)
 
 
 ESCAPED_REMOTE_BODIES = [
