@@ -14,7 +14,8 @@ import math
 from vlchat.kernels import settings as kernel_settings
 from vlchat.llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
 from vlchat.llm.engine.block_manager import BlockManager, run_blocks_for
-from vlchat.llm.engine.model_runner import ModelRunner
+from vlchat.llm.engine.grammar import GrammarCompiler, advance
+from vlchat.llm.engine.model_runner import ModelRunner, UnsampledStep
 from vlchat.llm.engine.request import Request
 from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
@@ -69,6 +70,7 @@ class LLMEngine:
         self.async_scheduling = (
             self.runner.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
         )
+        self.grammars = GrammarCompiler(self.tokenizer, self.runner.sampler.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet
@@ -122,8 +124,15 @@ class LLMEngine:
                 f"{prompt_len} prompt tokens + {max_tokens} max_tokens can never fit in the KV cache of "
                 f"{pool_tokens} tokens; lower max_tokens, shorten the prompt or give the cache more memory"
             )
+        vocab = self.runner.sampler.vocab_size
+        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            if any(t >= vocab for t in ids):
+                raise InvalidRequestError(f"{name} names token {max(ids)}; this model's token ids are 0..{vocab - 1}")
         bs = self.config.cache.block_size
         seqs = [Sequence(request_id, mm_prompt, params, bs, index=i, max_tokens=max_tokens) for i in range(params.n)]
+        if params.structured_output is not None:
+            for seq in seqs:
+                seq.grammar = self.grammars.matcher(params.structured_output)
         request = Request(request_id, mm_prompt, params, seqs, self.tokenizer, stream)
         self.requests[request_id] = request
         # n > 1: the other completions start once the first one's prompt is in the prefix cache
@@ -172,14 +181,24 @@ class LLMEngine:
             self._collect(*previous)
             previous = None
         seqs = self.scheduler.schedule()
+        unsampled = None
         if seqs:
             samplers = [s for s in seqs if s.samples_this_step]
-            self._inflight = (samplers, self.runner.launch(seqs))
+            # a grammar row's mask needs the token still in flight: the forward pass is queued now, its sampling
+            # once that token is collected (the GPU runs the forward pass meanwhile)
+            defer = previous is not None and any(s.grammar is not None for s in samplers)
+            launched = self.runner.launch(seqs, sample=not defer)
+            if isinstance(launched, UnsampledStep):
+                unsampled = launched
+            else:
+                self._inflight = (samplers, launched)
             self.scheduler.update(seqs)
             for seq in samplers:
                 seq.num_pending += 1
         if previous is not None:  # async scheduling: the step above was queued before this one's tokens arrived
             self._collect(*previous)
+        if unsampled is not None:
+            self._inflight = (unsampled.seqs, self.runner.sample(unsampled))
         return self._report()
 
     def _collect(self, samplers: list[Sequence], pending) -> None:
@@ -191,6 +210,8 @@ class LLMEngine:
                 continue  # ended while its step ran (a stop string, an abort): the token is dropped
             seq.append_token(token_id, logprobs)
             request.completions[seq.index].append(token_id, eos, self.max_model_len)
+            if seq.grammar is not None and not seq.is_finished:
+                self._advance_grammar(seq, token_id)
             if request.pending:  # the prompt's full blocks are cached now: the siblings reuse them
                 for sibling in request.pending:
                     self.scheduler.add(sibling)
@@ -198,6 +219,15 @@ class LLMEngine:
             if seq.is_finished:
                 self.scheduler.finish(seq)
             self._touched[seq.request_id] = request
+
+    @staticmethod
+    def _advance_grammar(seq: Sequence, token_id: int) -> None:
+        if not advance(seq.grammar, token_id):
+            logger.error("request %s: token %d breaks its grammar (%s); ending it", seq.request_id, token_id,
+                         seq.grammar.get_error())  # fmt: skip
+            seq.finish("abort")
+        elif seq.grammar.is_stopped():  # the text is complete: EOS is all the grammar would allow next
+            seq.finish("stop")
 
     def _report(self) -> list[RequestOutput]:
         touched, self._touched = self._touched, {}

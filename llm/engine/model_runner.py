@@ -36,6 +36,15 @@ TABLE_WIDTH_MULTIPLE = 16  # block-table width multiple: keeps the row stride in
 _MM_EMBED_CACHE = 32  # image embeddings kept by content hash (a prompt's chunks reuse them)
 
 
+class UnsampledStep:
+    """A launched step's logits ([len(seqs), vocab] fp32 on the device) waiting to be sampled."""
+
+    __slots__ = ("logits", "seqs")
+
+    def __init__(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        self.logits, self.seqs = logits, seqs
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -329,8 +338,11 @@ class ModelRunner:
         return self.launch(seqs).result()
 
     @torch.inference_mode()
-    def launch(self, seqs: list[Sequence]) -> PendingSample:
-        """`run` without waiting: the forward pass and sampling are queued on the device."""
+    def launch(self, seqs: list[Sequence], sample: bool = True) -> PendingSample | UnsampledStep:
+        """`run` without waiting: the forward pass and sampling are queued on the device.
+
+        `sample=False`: only the forward pass and the logits are queued; `sample(step)` queues the sampling later
+        (the engine does so for grammar-constrained rows once their matchers have consumed the previous token)."""
         graphs = self.graphs
         replay = (
             graphs is not None and graphs.fits(len(seqs)) and all(s.num_new_tokens == 1 for s in seqs)
@@ -353,9 +365,14 @@ class ModelRunner:
         if sample_rows is not None:
             hidden = hidden.index_select(0, to_device(sample_rows, torch.long, hidden.device))
         logits = self.model.compute_logits(hidden)  # [samplers, vocab] fp32
-        pending = self.sampler.sample(logits, samplers)
+        step = UnsampledStep(logits, samplers)
+        return self.sample(step) if sample else step
+
+    @torch.inference_mode()
+    def sample(self, step: UnsampledStep) -> PendingSample:
+        pending = self.sampler.sample(step.logits, step.seqs)
         # the next step may start before these tokens reach the host: it reads them from here
-        self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(samplers)}
+        self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(step.seqs)}
         return pending
 
     def close(self) -> None:
