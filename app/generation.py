@@ -47,12 +47,14 @@ def new_request_id(prefix: str = "chatcmpl") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def stream_outputs(engine, request_id: str, prompt, params: SamplingParams, stream: bool = True) -> AsyncIterator:
+async def stream_outputs(
+    engine, request_id: str, prompt, params: SamplingParams, stream: bool = True, options: dict | None = None
+) -> AsyncIterator:
     """Yield the engine's RequestOutputs (`stream=False`: the final one only); abort the request when the consumer
-    stops before it finished."""
+    stops before it finished. `options`: the engine's per-request prompt options (tools, chat_template, images)."""
     finished = False
     try:
-        async for output in engine.generate(request_id, prompt, params, stream=stream):
+        async for output in engine.generate(request_id, prompt, params, options, stream=stream):
             finished = output.finished
             yield output
     finally:

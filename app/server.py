@@ -8,11 +8,13 @@ import sys
 import threading
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
-from vlchat.app.api.routes import build_router
+from vlchat.app.api.metrics import MeteredEngine, Metrics
+from vlchat.app.api.routes import build_extra_router, build_router
 from vlchat.app.model_choice import ModelChoice
 from vlchat.app.remote_file_guard import RemoteFileGuard
 from vlchat.app.settings import ServerConfig, quiet_gradio_defaults
@@ -64,7 +66,10 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
     """The whole server over an already started engine."""
     app = FastAPI(title="vlchat", version=__version__, docs_url="/v1/docs", openapi_url="/v1/openapi.json")
     install_error_handlers(app)
+    metrics = Metrics(engine, model.name)
+    engine = MeteredEngine(engine, metrics)  # the API and the browser UI: every finished request is recorded
     app.include_router(build_router(config, engine, model.name))
+    app.include_router(build_extra_router(config, engine, model.name, metrics))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -96,6 +101,9 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         blocks.has_launched = True
         if not config.media.allow_remote:
             app.add_middleware(RemoteFileGuard)  # inside the body limit: it reads bounded bodies only
+    if config.cors_origins:  # without it browsers allow only the server's own origin
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     return app
 

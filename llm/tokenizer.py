@@ -55,22 +55,33 @@ def _flatten_text_parts(message: Mapping) -> dict:
     return {**message, "content": content}
 
 
-def apply_chat_template(tokenizer, messages: list[Mapping], add_generation_prompt: bool = True) -> list[int]:
+def template_options(options: Mapping | None) -> dict:
+    """The chat-template arguments of a request's prompt options: `tools` (OpenAI-style function definitions, which
+    templates that take tools render) and `chat_template` (a Jinja template used instead of the model's)."""
+    options = options or {}
+    return {k: options[k] for k in ("tools", "chat_template") if options.get(k) is not None}
+
+
+def apply_chat_template(
+    tokenizer, messages: list[Mapping], add_generation_prompt: bool = True, **template: object
+) -> list[int]:
     """Token ids of an OpenAI-style conversation rendered by the model's chat template.
 
     Content given as a list of text parts is joined into one string for templates
     that only take strings. The rendered text is tokenized without adding BOS again
-    (templates write their own).
+    (templates write their own). `template`: see `template_options`.
     """
-    if getattr(tokenizer, "chat_template", None) is None:
+    if getattr(tokenizer, "chat_template", None) is None and not template.get("chat_template"):
         raise InvalidRequestError("this model's tokenizer has no chat template; send a plain text prompt instead")
     if not messages:
         raise InvalidRequestError("messages must not be empty")
     try:
         text = tokenizer.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False
+            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False, **template
         )
     except Exception:  # a template that cannot iterate over content parts
         flat = [_flatten_text_parts(m) for m in messages]
-        text = tokenizer.apply_chat_template(flat, add_generation_prompt=add_generation_prompt, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            flat, add_generation_prompt=add_generation_prompt, tokenize=False, **template
+        )
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from vlchat.llm.config import EngineConfig
 from vlchat.llm.engine.engine import LLMEngine
 from vlchat.llm.errors import InvalidRequestError
-from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.outputs import EngineStats, RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,9 @@ class AsyncEngine:
 
     def num_free_blocks(self) -> int:
         return self.engine.num_free_blocks()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
 
     # -- requests -----------------------------------------------------------
 

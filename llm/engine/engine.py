@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 from vlchat.kernels import settings as kernel_settings
 from vlchat.llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
@@ -21,7 +22,7 @@ from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.errors import InvalidRequestError, PromptTooLongError
 from vlchat.llm.inputs import MultiModalPrompt, normalize_prompt
-from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.outputs import EngineStats, RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.tokenizer import load_tokenizer, stop_token_ids
 from vlchat.llm.weights import load_hf_config
@@ -86,6 +87,13 @@ class LLMEngine:
 
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
+
+    def stats(self) -> EngineStats:
+        """The load now; safe to call from another thread (it reads lengths and counters only)."""
+        blocks = self.block_manager.num_blocks
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
+                           1.0 - self.block_manager.num_free_blocks / blocks if blocks else 0.0,
+                           self.scheduler.num_preemptions)  # fmt: skip
 
     def _processor(self):
         if self.processor is None and getattr(self.model_cls, "is_multimodal", False):
@@ -209,6 +217,8 @@ class LLMEngine:
             if seq.is_finished or request is None:
                 continue  # ended while its step ran (a stop string, an abort): the token is dropped
             seq.append_token(token_id, logprobs)
+            if request.first_token_time is None:
+                request.first_token_time = time.monotonic()
             request.completions[seq.index].append(token_id, eos, self.max_model_len)
             if seq.grammar is not None and not seq.is_finished:
                 self._advance_grammar(seq, token_id)
