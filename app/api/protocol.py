@@ -240,18 +240,20 @@ class CompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Request):
-    """Either a prompt (text) or messages (rendered by the chat template first)."""
+    """Either a prompt (text) or messages (rendered by the chat template, as a chat request would be)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    tools: list[Tool] | None = None  # rendered by the chat template, as a chat request with these tools would be
+    add_special_tokens: bool = True  # prompt only: the tokenizer's BOS and the like
 
     @model_validator(mode="after")
     def _one_input(self):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("send either prompt or messages")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools go with messages")
         return self
 
 

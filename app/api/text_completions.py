@@ -70,7 +70,9 @@ def _usage(outputs: list) -> dict:
 
 
 def _prompt_text(req: PreparedCompletion, output) -> str:
-    return output.prompt if output.prompt is not None else req.texts.tokenizer.decode(output.prompt_token_ids)
+    if output.prompt is not None:
+        return output.prompt
+    return req.texts.tokenizer.decode(output.prompt_token_ids, skip_special_tokens=True)
 
 
 async def complete_text(engine, req: PreparedCompletion) -> dict:

@@ -32,12 +32,10 @@ async def tokenize(body: TokenizeRequest, config: ServerConfig, engine, model_na
             if m.tool_call_id:
                 entry["tool_call_id"] = m.tool_call_id
             messages.append(template_message(entry))
-        template = {"chat_template": config.chat_template} if config.chat_template else {}
-        if getattr(tokenizer, "chat_template", None) is None and not template:
-            raise AppError("this model has no chat template; send prompt instead of messages", param="messages")
-        text = await asyncio.to_thread(tokenizer.apply_chat_template, messages, tokenize=False,
-                                       add_generation_prompt=body.add_generation_prompt, **template)  # fmt: skip
-        ids = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+        options = {"chat_template": config.chat_template} if config.chat_template else {}
+        if body.tools:
+            options["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
+        ids = await engine.tokenize(messages, options or None)
     ids = list(ids)
     return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
 

@@ -161,6 +161,12 @@ class AsyncEngine:
             if not finished:
                 await asyncio.shield(self._call(self.engine.abort, request_id))
 
+    async def tokenize(self, prompt, mm_options: dict | None = None) -> list[int]:
+        """The token ids `generate` would feed the model for `prompt` (chat template and processor applied)."""
+        loop = asyncio.get_running_loop()
+        mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
+        return list(mm_prompt.token_ids)
+
     async def abort(self, request_id: str) -> None:
         """Stop a request; its KV blocks are free when this returns. Unknown ids are ignored."""
         await self._call(self._abort, request_id)
