@@ -118,14 +118,16 @@ def build(
     return (out, model) if return_model else out
 
 
-def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat16") -> str:
-    """A model directory with config.json and a tokenizer but no weights (use with `random_weights`)."""
+def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat16", tokenizer: str = "word") -> str:
+    """A model directory with config.json and a tokenizer ("word": `word_level_tokenizer`, "byte-bpe":
+    `byte_bpe_tokenizer`) but no weights (use with `random_weights`)."""
     from transformers import LlamaConfig
 
     config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5, torch_dtype=dtype,
                          architectures=["LlamaForCausalLM"])  # fmt: skip
     config.save_pretrained(path)
-    word_level_tokenizer(config.vocab_size).save_pretrained(path)
+    make = byte_bpe_tokenizer if tokenizer == "byte-bpe" else word_level_tokenizer
+    make(config.vocab_size).save_pretrained(path)
     return str(path)
 
 
