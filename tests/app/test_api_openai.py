@@ -276,3 +276,18 @@ def test_bad_fields_are_400s_naming_them(server, body, needle):
         r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]["message"] or needle == r.json()["error"]["param"], r.text
+
+
+def test_cors_allows_only_the_configured_origins(tiny_engine, tiny_choice, server):
+    cors = start_server(tiny_engine, tiny_choice, with_ui=False, cors_origins=("https://app.example",))
+    try:
+        asked = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}  # fmt: skip
+        ok = httpx.options(f"{cors.url}/v1/chat/completions", headers=asked)
+        assert ok.headers.get("access-control-allow-origin") == "https://app.example"
+        other = httpx.options(f"{cors.url}/v1/chat/completions", headers={**asked, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        cors.stop()
+    plain = httpx.get(f"{server.url}/v1/models", headers={"Origin": "https://app.example"})
+    assert "access-control-allow-origin" not in plain.headers  # no flag: no cross-origin access

@@ -33,6 +33,19 @@ def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
     assert config.engine_options == {"max_model_len": 256, "prefill_delay_steps": 4, "async_scheduling": False}
 
 
+def test_chat_template_file_and_cors_origins(tmp_path):
+    from vlchat.app.cli import build_parser, server_config
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    args = build_parser().parse_args(["serve", "--chat-template", str(template), "--cors-origins",
+                                      "https://a.example", "http://localhost:3000"])  # fmt: skip
+    config = server_config(args)
+    assert config.chat_template == template.read_text()
+    assert config.cors_origins == ("https://a.example", "http://localhost:3000")
+    assert server_config(build_parser().parse_args(["serve"])).cors_origins == ()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -41,8 +54,9 @@ def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
         (["serve", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
         (["chat", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
         (["serve", "--model", "nobody/no-such-model"], "could not get 'nobody/no-such-model'"),
+        (["serve", "--chat-template", "/no/such/template.jinja"], "--chat-template"),
     ],
-    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline"],
+    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline", "chat-template"],
 )
 def test_bad_options_are_one_line_errors(capsys, argv, message):
     assert main(argv) == 2
