@@ -77,3 +77,14 @@ def test_logit_rules_match_the_torch_reference_in_one_batch(models):
                 assert list(g.values()) == pytest.approx(list(r.values()), abs=1e-4), name
     assert len(outs[list(cases).index("min_tokens")].token_ids) > 6  # EOS (biased up) held back for 6 tokens
     assert outs[list(cases).index("stop_ids")].finish_reason == "stop"  # the bias makes 51 come up and stop it
+
+
+@pytest.mark.parametrize("field", ["logit_bias", "stop_token_ids"])
+def test_token_ids_beyond_the_vocabulary_are_refused(models, field):
+    from vlchat.llm.errors import InvalidRequestError
+
+    llm, _ = models
+    vocab = llm.engine.runner.sampler.vocab_size
+    value = {vocab + 3: 1.0} if field == "logit_bias" else [vocab + 3]
+    with pytest.raises(InvalidRequestError, match=field):
+        llm.generate("Hi", SamplingParams(max_tokens=2, **{field: value}))
