@@ -138,6 +138,8 @@ class AsyncEngine:
         try:
             # tokenizing and image preprocessing run in a worker thread, not on the engine thread
             mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
+            if params is not None and params.structured_output is not None:  # compiled here, not on the engine thread
+                await loop.run_in_executor(None, self.engine.grammars.grammar, params.structured_output)
             await self._call(self.engine.add_request, request_id, mm_prompt, params, None, stream)
             held = None  # an error that came right behind outputs merged into one
             while not finished:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 
 import torch
@@ -34,7 +35,8 @@ def bitmask_words(vocab_size: int) -> int:
 
 class GrammarCompiler:
     """Turns `StructuredOutputParams` into matchers for one tokenizer. Built lazily: the llguidance tokenizer
-    (a scan of the whole vocabulary) is made at the first constrained request."""
+    (a scan of the whole vocabulary) is made at the first constrained request. Thread-safe: AsyncEngine checks and
+    caches a request's grammar in a worker thread while the engine thread makes matchers."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.hf_tokenizer = tokenizer
@@ -42,22 +44,25 @@ class GrammarCompiler:
         self.eos_token_ids = list(eos_token_ids)
         self._lltok = None
         self._grammars: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _tokenizer(self):
-        if self._lltok is None:
-            import llguidance.hf
+        with self._lock:
+            if self._lltok is None:
+                import llguidance.hf
 
-            eos = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else self.eos_token_ids
-            self._lltok = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos)
-        return self._lltok
+                eos = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else self.eos_token_ids
+                self._lltok = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos)
+            return self._lltok
 
     def grammar(self, spec: StructuredOutputParams) -> str:
         """The llguidance grammar of `spec`, checked; raises InvalidRequestError naming what is wrong."""
         key = spec.key()
-        cached = self._grammars.get(key)
-        if cached is not None:
-            self._grammars.move_to_end(key)
-            return cached
+        with self._lock:
+            cached = self._grammars.get(key)
+            if cached is not None:
+                self._grammars.move_to_end(key)
+                return cached
         from llguidance import LLMatcher
 
         # JSON without free whitespace: a model cannot fill the text with newlines and spaces forever
@@ -77,9 +82,10 @@ class GrammarCompiler:
         error = LLMatcher.validate_grammar(grammar, self._tokenizer())
         if error:
             raise InvalidRequestError(f"the structured output constraint is invalid: {error.strip()}")
-        self._grammars[key] = grammar
-        while len(self._grammars) > _GRAMMAR_CACHE:
-            self._grammars.popitem(last=False)
+        with self._lock:
+            self._grammars[key] = grammar
+            while len(self._grammars) > _GRAMMAR_CACHE:
+                self._grammars.popitem(last=False)
         return grammar
 
     def matcher(self, spec: StructuredOutputParams):
