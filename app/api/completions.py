@@ -2,8 +2,8 @@
 
 With tools (tool_choice other than "none") the answer is parsed for the model family's tool calls
 (app/api/tools.py): they come back as `tool_calls` with finish_reason "tool_calls"; streamed, content stops at a
-call's marker (text that may still grow into one is held back) and the calls follow as `tool_calls` deltas when
-the answer is complete."""
+call's marker (text that may still grow into one is held back) and each call follows as `tool_calls` deltas as soon
+as its text is complete (Hermes style: its </tool_call>; the other families: the end of the answer)."""
 
 from __future__ import annotations
 
@@ -209,6 +209,7 @@ class _StreamState:
         self.reported: set[int] = set()
         self.sent_text: dict[int, int] = {}  # characters of content sent
         self.sent_tokens: dict[int, int] = {}  # tokens whose logprobs were sent
+        self.sent_calls: dict[int, int] = {}  # tool calls sent
 
     def lines(self, output, chunk) -> list[str]:
         """The SSE chunks one RequestOutput adds: new content (with its tokens' logprobs), tool calls, then the
@@ -241,18 +242,22 @@ class _StreamState:
         if fmt is None:
             return c.delta_text, [], reason
         text, i = c.text, c.index
-        sent = self.sent_text.get(i, 0)
-        if c.finish_reason is None:  # content up to a possible call marker; calls once the answer is whole
+        sent, sent_calls = self.sent_text.get(i, 0), self.sent_calls.get(i, 0)
+        limit = None if self.req.parallel_tool_calls else 1
+        if c.finish_reason is None:  # content up to a possible call marker; each call once its text is complete
             end = max(sent, fmt.content_end(text))
             self.sent_text[i] = end
-            return text[sent:end], [], None
+            calls = fmt.complete_calls(text)[:limit]
+            self.sent_calls[i] = len(calls)
+            return text[sent:end], [call.to_openai(index=k) for k, call in enumerate(calls) if k >= sent_calls], None
         content, calls = fmt.parse(text)
-        calls = calls if self.req.parallel_tool_calls else calls[:1]
+        calls = calls[:limit]
+        self.sent_calls[i] = len(calls)
         if not calls:
             self.sent_text[i] = len(text)
             return text[sent:], [], reason
         rest = (content or "")[sent:] if (content or "").startswith(text[:sent]) else ""
-        deltas = [call.to_openai(index=k) for k, call in enumerate(calls)]
+        deltas = [call.to_openai(index=k) for k, call in enumerate(calls) if k >= sent_calls]
         return rest, deltas, "tool_calls"
 
     def _logprobs(self, c) -> dict:

@@ -30,6 +30,14 @@ class ParsedCall:
         return call if index is None else {"index": index, **call}
 
 
+# JSON without free whitespace: llguidance reads this at the top of each %json schema
+_COMPACT = {"whitespace_flexible": False}
+
+
+def _one_of(schemas: list[dict]) -> dict:
+    return {"anyOf": schemas, "x-guidance": _COMPACT} if len(schemas) > 1 else schemas[0]
+
+
 def _call(obj, args_key: str) -> ParsedCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -53,9 +61,13 @@ class ToolFormat:
         params = tool.function.parameters or {"type": "object"}
         return {"type": "object", "properties": {"name": {"const": tool.function.name}, self.args_key: params},
                 "required": ["name", self.args_key], "additionalProperties": False,
-                "x-guidance": {"whitespace_flexible": False}}  # fmt: skip
+                "x-guidance": _COMPACT}  # fmt: skip
 
     args_key = "arguments"
+
+    def complete_calls(self, text: str) -> list[ParsedCall]:
+        """The calls of a growing answer whose text is complete already (streamed before the answer ends)."""
+        return []
 
     def content_end(self, text: str) -> int:
         """How much of a growing answer is content for sure: up to the first marker, less a tail that could
@@ -86,8 +98,11 @@ class Hermes(ToolFormat):
         content = rest.strip() if calls else text
         return (content or None), calls
 
+    def complete_calls(self, text):
+        return self.parse(text)[1]  # a block counts once its </tool_call> is there
+
     def grammar(self, schemas, parallel, special_ids):
-        body = json.dumps({"anyOf": schemas} if len(schemas) > 1 else schemas[0])
+        body = json.dumps(_one_of(schemas))
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
         return f'{start}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {body}'
 
@@ -113,7 +128,7 @@ class Llama3(ToolFormat):
         return None, calls
 
     def grammar(self, schemas, parallel, special_ids):
-        body = json.dumps({"anyOf": schemas} if len(schemas) > 1 else schemas[0])
+        body = json.dumps(_one_of(schemas))
         start = 'start: call (";" call)*' if parallel else "start: call"
         return f"{start}\ncall: %json {body}"
 
@@ -140,8 +155,7 @@ class Mistral(ToolFormat):
         return head.strip() or None, calls
 
     def grammar(self, schemas, parallel, special_ids):
-        item = {"anyOf": schemas} if len(schemas) > 1 else schemas[0]
-        array = {"type": "array", "items": item, "minItems": 1, "x-guidance": {"whitespace_flexible": False}}
+        array = {"type": "array", "items": _one_of(schemas), "minItems": 1, "x-guidance": _COMPACT}
         if not parallel:
             array["maxItems"] = 1
         marker = f"<[{special_ids['[TOOL_CALLS]']}]>" if "[TOOL_CALLS]" in special_ids else '"[TOOL_CALLS]"'

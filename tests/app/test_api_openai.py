@@ -120,24 +120,29 @@ def test_a_named_tool_is_the_one_called(tool_server):
     assert json.loads(calls[0].function.arguments)["zone"] in ("UTC", "CET")
 
 
-def test_streamed_tool_call_deltas_assemble_into_the_call(tool_server):
-    stream = client(tool_server).chat.completions.create(
-        model="tiny-llava", messages=HELLO, tools=[WEATHER], tool_choice="required", max_tokens=200,
-        temperature=0.9, seed=3, stream=True,
-    )  # fmt: skip
-    name, arguments, ids, reasons, content = "", "", set(), [], ""
-    for chunk in stream:
-        for ch in chunk.choices:
-            content += ch.delta.content or ""
-            for d in ch.delta.tool_calls or []:
-                assert d.index == 0
-                ids.add(d.id) if d.id else None
-                name += d.function.name or ""
-                arguments += d.function.arguments or ""
-            reasons.append(ch.finish_reason)
-    assert name == "get_weather" and len(ids) == 1 and reasons[-1] == "tool_calls"
-    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
-    assert "<tool_call>" not in content
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "single"])
+def test_streamed_tool_call_deltas_assemble_into_the_calls_of_the_whole_answer(tool_server, parallel):
+    args = dict(model="tiny-llava", messages=HELLO, tools=[WEATHER, TIME], tool_choice="required", max_tokens=300,
+                temperature=1.0, parallel_tool_calls=parallel)  # fmt: skip
+    for seed in range(3):
+        whole = client(tool_server).chat.completions.create(seed=seed, **args).choices[0].message.tool_calls
+        calls: dict[int, dict] = {}
+        reasons, content = [], ""
+        for chunk in client(tool_server).chat.completions.create(seed=seed, stream=True, **args):
+            for ch in chunk.choices:
+                content += ch.delta.content or ""
+                for d in ch.delta.tool_calls or []:
+                    call = calls.setdefault(d.index, {"ids": set(), "name": "", "arguments": ""})
+                    call["ids"].add(d.id) if d.id else None
+                    call["name"] += d.function.name or ""
+                    call["arguments"] += d.function.arguments or ""
+                reasons.append(ch.finish_reason)
+        assert reasons[-1] == "tool_calls" and "<tool_call>" not in content
+        assert sorted(calls) == list(range(len(whole))) and (parallel or len(whole) == 1)
+        for k, call in calls.items():
+            assert len(call["ids"]) == 1
+            assert (call["name"], json.loads(call["arguments"])) == (whole[k].function.name,
+                                                                     json.loads(whole[k].function.arguments))
 
 
 def test_tools_on_a_template_without_tools_is_a_400(server):

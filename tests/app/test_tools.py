@@ -85,6 +85,7 @@ def test_forced_grammars_accept_the_family_calls_and_nothing_else(compiler, fami
     grammar = forced_grammar(fmt, [WEATHER, TIME], "required", True, {})
     assert _accepts(compiler, grammar, texts[family])
     assert not _accepts(compiler, grammar, "Sure, here you go.")
+    assert not _accepts(compiler, grammar, texts[family].replace(':{', ': {'))  # compact JSON: no room to ramble
     wrong_args = texts[family].replace('"city"', '"town"')
     assert not _accepts(compiler, grammar, wrong_args)
     named = forced_grammar(fmt, [WEATHER, TIME], NamedToolChoice.model_validate(
