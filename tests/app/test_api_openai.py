@@ -231,6 +231,13 @@ def test_prometheus_scrape_parses_and_counts_tokens(server):
     client(server).chat.completions.create(model="tiny-llava", messages=HELLO, max_tokens=5, temperature=0,
                                            extra_body={"ignore_eos": True})  # fmt: skip
     after = scrape()
+    long_prompt = [{"role": "user", "content": "Tell me about the fox. " * 12}]
+    for _ in range(2):  # the second request finds the first one's full prompt blocks in the prefix cache
+        client(server).chat.completions.create(model="tiny-llava", messages=long_prompt, max_tokens=1)
+    cached = scrape()
+    assert cached["vllm:prefix_cache_hits_total"] - after["vllm:prefix_cache_hits_total"] >= 16
+    assert cached["vllm:prompt_tokens_total"] - after["vllm:prompt_tokens_total"] == (
+        cached["vllm:prefix_cache_queries_total"] - after["vllm:prefix_cache_queries_total"])
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:num_preemptions_total", "vllm:time_to_first_token_seconds_count",
                  "vllm:time_per_output_token_seconds_count", "vllm:e2e_request_latency_seconds_count",

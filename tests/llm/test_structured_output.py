@@ -143,3 +143,14 @@ def test_structured_output_params_validation(fields, match):
 def test_structured_output_refuses_fields_that_hide_eos(fields):
     with pytest.raises(InvalidRequestError, match=next(iter(fields))):
         SamplingParams(structured_output=StructuredOutputParams(regex="a+"), **fields)
+
+
+def test_unconstrained_rows_are_unchanged_by_grammar_rows_in_their_batch(llm):
+    free = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True) for _ in range(3)]
+    prompts = ["The quick brown fox", "Hello world!", "Paged attention"]
+    alone = [o.token_ids for o in llm.generate(prompts, free)]
+    spec = StructuredOutputParams(regex="[a-z]{40}")
+    mixed = llm.generate(prompts + ["x", "y"], free + [SamplingParams(temperature=0, max_tokens=60,
+                                                                       structured_output=spec)] * 2)  # fmt: skip
+    assert [o.token_ids for o in mixed[:3]] == alone
+    assert all(re.fullmatch("[a-z]{40}", o.text) for o in mixed[3:])
