@@ -154,3 +154,24 @@ def test_unconstrained_rows_are_unchanged_by_grammar_rows_in_their_batch(llm):
                                                                        structured_output=spec)] * 2)  # fmt: skip
     assert [o.token_ids for o in mixed[:3]] == alone
     assert all(re.fullmatch("[a-z]{40}", o.text) for o in mixed[3:])
+
+
+async def test_async_engine_refuses_a_bad_constraint_and_frees_an_aborted_constrained_request(tmp_path_factory):
+    from vlchat.llm import AsyncEngine
+
+    model = make_tiny_llama(tmp_path_factory.mktemp("tiny-async"))
+    engine = AsyncEngine.from_options(str(model), device="cpu", num_blocks=64, max_model_len=256)
+    try:
+        free = engine.num_free_blocks()
+        bad = SamplingParams(structured_output=StructuredOutputParams(regex="[a-"))
+        with pytest.raises(InvalidRequestError, match="invalid"):
+            async for _ in engine.generate("bad", "x", bad):
+                pass
+        spec = StructuredOutputParams(regex="[a-z]+")
+        outputs = engine.generate("r", "Hello", SamplingParams(max_tokens=200, temperature=1.0, structured_output=spec))
+        first = await outputs.__anext__()
+        assert re.fullmatch("[a-z]*", first.outputs[0].text)
+        await outputs.aclose()  # leaving early aborts the request
+        assert engine.num_free_blocks() == free and not engine.engine.requests
+    finally:
+        engine.shutdown()
