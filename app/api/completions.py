@@ -152,7 +152,7 @@ def _choice(req: PreparedRequest, c) -> dict:
         calls = calls if req.parallel_tool_calls else calls[:1]
         if calls:
             message = {"role": "assistant", "content": content,
-                       "tool_calls": [call.to_openai() for call in calls]}  # fmt: skip
+                       "tool_calls": req.tools.openai_calls(calls)}  # fmt: skip
             reason = "tool_calls"
     logprobs = None
     if req.top_logprobs is not None:
@@ -249,7 +249,7 @@ class _StreamState:
             self.sent_text[i] = end
             calls = fmt.complete_calls(text)[:limit]
             self.sent_calls[i] = len(calls)
-            return text[sent:end], [call.to_openai(index=k) for k, call in enumerate(calls) if k >= sent_calls], None
+            return text[sent:end], fmt.openai_calls(calls, sent_calls, indexed=True), None
         content, calls = fmt.parse(text)
         calls = calls[:limit]
         self.sent_calls[i] = len(calls)
@@ -257,7 +257,7 @@ class _StreamState:
             self.sent_text[i] = len(text)
             return text[sent:], [], reason
         rest = (content or "")[sent:] if (content or "").startswith(text[:sent]) else ""
-        deltas = [call.to_openai(index=k) for k, call in enumerate(calls) if k >= sent_calls]
+        deltas = fmt.openai_calls(calls, sent_calls, indexed=True)
         return rest, deltas, "tool_calls"
 
     def _logprobs(self, c) -> dict:

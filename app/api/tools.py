@@ -24,8 +24,8 @@ class ParsedCall:
     name: str
     arguments: str  # JSON text
 
-    def to_openai(self, index: int | None = None) -> dict:
-        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    def to_openai(self, index: int | None = None, call_id: str | None = None) -> dict:
+        call = {"id": call_id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
         return call if index is None else {"index": index, **call}
 
@@ -48,6 +48,14 @@ def _call(obj, args_key: str) -> ParsedCall | None:
 class ToolFormat:
     name = ""
     markers: tuple[str, ...] = ()  # text that starts a tool call (content stops streaming there)
+
+    def new_id(self) -> str:
+        """An id for a call the model made (the client sends it back with the call's result)."""
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+    def openai_calls(self, calls: list[ParsedCall], start: int = 0, indexed: bool = False) -> list[dict]:
+        """calls[start:] as OpenAI tool calls (`indexed`: as stream deltas, with their index in the answer)."""
+        return [c.to_openai(k if indexed else None, self.new_id()) for k, c in enumerate(calls) if k >= start]
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
         """(content, calls) of a whole answer; text that does not parse as calls stays content."""
@@ -139,6 +147,9 @@ class Llama3(ToolFormat):
 class Mistral(ToolFormat):
     name = "mistral"
     markers = ("[TOOL_CALLS]",)
+
+    def new_id(self) -> str:
+        return uuid.uuid4().hex[:9]  # Mistral's chat templates refuse ids that are not 9 alphanumerics
 
     def parse(self, text):
         head, sep, body = text.partition("[TOOL_CALLS]")

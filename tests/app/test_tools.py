@@ -91,3 +91,12 @@ def test_forced_grammars_accept_the_family_calls_and_nothing_else(compiler, fami
     named = forced_grammar(fmt, [WEATHER, TIME], NamedToolChoice.model_validate(
         {"type": "function", "function": {"name": "get_time"}}), True, {})  # fmt: skip
     assert not _accepts(compiler, named, texts[family])
+
+
+def test_call_ids_suit_each_family():
+    calls = [ParsedCall("a", "{}"), ParsedCall("b", "{}")]
+    mistral = FORMATS["mistral"].openai_calls(calls)
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in mistral)  # what Mistral templates accept
+    hermes = FORMATS["hermes"].openai_calls(calls, start=1, indexed=True)
+    assert [c["index"] for c in hermes] == [1] and hermes[0]["id"].startswith("call_")
+    assert len({c["id"] for c in FORMATS["llama3"].openai_calls(calls)}) == 2
