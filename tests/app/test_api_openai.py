@@ -30,6 +30,18 @@ HERMES_TEMPLATE = (
     "{% if p.type == 'text' %}{{ p.text }}{% else %}<image>\n{% endif %}{% endfor %}{% endif %}</s>\n"
     "{%- endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+_BODY = ("{%- for m in messages %}<|{{ m.role }}|>\n{% if m.content is string %}{{ m.content }}{% endif %}"
+         "{% if m.tool_calls %}CALLS{% endif %}</s>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+# Minimal templates that write tool calls as Llama 3.1 and Mistral do (CALLS: the assistant's calls)
+FAMILY_TEMPLATES = {
+    "llama3": "{% if tools %}<|system|>\nTools: {{ tools | tojson }} (answer <|python_tag|> or JSON)</s>\n{% endif %}"
+              + _BODY.replace("CALLS", "{% for tc in m.tool_calls %}{\"name\": \"{{ tc.function.name }}\", "
+                                       "\"parameters\": {{ tc.function.arguments | tojson }}}{% endfor %}"),
+    "mistral": "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+               + _BODY.replace("CALLS", "[TOOL_CALLS][{% for tc in m.tool_calls %}{\"name\": \"{{ tc.function.name }}"
+                                        "\", \"arguments\": {{ tc.function.arguments | tojson }}, \"id\": "
+                                        "\"{{ tc.id }}\"}{% endfor %}]"),
+}  # fmt: skip
 WEATHER = {
     "type": "function",
     "function": {
@@ -108,6 +120,28 @@ def test_a_required_tool_call_round_trip(tool_server):
                                        temperature=0)  # fmt: skip
     with_tools = httpx.post(f"{tool_server.url}/tokenize", json={"messages": history, "tools": [WEATHER, TIME]})
     assert second.usage.prompt_tokens == with_tools.json()["count"] > rendered["count"]  # the tools block is in it
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_a_required_call_and_its_result_in_the_other_families(tiny_engine, tiny_choice, family):
+    server = start_server(tiny_engine, tiny_choice, with_ui=False, chat_template=FAMILY_TEMPLATES[family])
+    try:
+        c = client(server)
+        out = c.chat.completions.create(model="tiny-llava", messages=HELLO, tools=[WEATHER, TIME], seed=4,
+                                        tool_choice="required", max_tokens=300, temperature=1.0)  # fmt: skip
+        choice = out.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            schema = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}[call.function.name]
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+        if family == "mistral":
+            assert all(len(call.id) == 9 for call in choice.message.tool_calls)
+        history = [*HELLO, choice.message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": "sunny"}]  # fmt: skip
+        again = c.chat.completions.create(model="tiny-llava", messages=history, tools=[WEATHER, TIME], max_tokens=4)
+        assert again.usage.prompt_tokens > out.usage.prompt_tokens
+    finally:
+        server.stop()
 
 
 def test_a_named_tool_is_the_one_called(tool_server):
