@@ -49,7 +49,7 @@ TEXT_CASES = [
     ("empty-messages", {"messages": []}, 400, "messages"),
     ("missing-role", {"messages": [{"content": "hi"}]}, 400, "role"),
     ("unknown-role", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "role"),
-    ("tool-role", {"messages": [{"role": "tool", "content": "hi"}]}, 400, "role"),
+    ("tool-without-call-id", {"messages": [{"role": "tool", "content": "hi"}]}, 400, "tool_call_id"),
     ("missing-content", {"messages": [{"role": "user"}]}, 400, "content"),
     ("unknown-part-type", {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "x"}]}]}, 400, "audio"),
     ("part-without-type", {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, 400, "type"),
