@@ -72,7 +72,7 @@ def test_random_schemas_give_valid_json(llm, schemas, seed):
     specs = [StructuredOutputParams(json_schema=s) for s in schemas]
     params = [SamplingParams(temperature=0 if i % 3 == 0 else 1.0, seed=seed + i, max_tokens=MAX_TOKENS,
                              structured_output=spec) for i, spec in enumerate(specs)]  # fmt: skip
-    free = [SamplingParams(temperature=1.0, seed=seed, max_tokens=8) for _ in range(4)]
+    free = [SamplingParams(temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True) for _ in range(4)]
     outs = llm.generate(["Describe the receipt as JSON."] * 16, params + free)
     stopped = 0
     for schema, spec, out in zip(schemas, specs, outs, strict=False):
