@@ -66,7 +66,7 @@ def _prefix_accepted(llm: LLM, spec: StructuredOutputParams, token_ids: list[int
     return all(matcher.consume_token(t) for t in token_ids)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schemas=st.lists(SCHEMAS, min_size=12, max_size=12), seed=st.integers(0, 2**16))
 def test_random_schemas_give_valid_json(llm, schemas, seed):
     specs = [StructuredOutputParams(json_schema=s) for s in schemas]
