@@ -175,3 +175,16 @@ async def test_async_engine_refuses_a_bad_constraint_and_frees_an_aborted_constr
         assert engine.num_free_blocks() == free and not engine.engine.requests
     finally:
         engine.shutdown()
+
+
+def test_constrained_sequences_survive_preemption(tmp_path_factory):
+    model = make_tiny_llama(tmp_path_factory.mktemp("tiny-preempt"))
+    small = LLM(str(model), device="cpu", num_blocks=12, max_model_len=256, enable_prefix_caching=False)
+    try:
+        spec = StructuredOutputParams(regex="[a-z]{50}")
+        params = [SamplingParams(temperature=1.0, seed=i, max_tokens=60, structured_output=spec) for i in range(6)]
+        outs = small.generate(["Hello there"] * 6, params)
+        assert small.engine.scheduler.num_preemptions > 0  # 6 x 5 blocks do not fit in 12: some were recomputed
+        assert all(o.finish_reason == "stop" and re.fullmatch("[a-z]{50}", o.text) for o in outs)
+    finally:
+        small.close()
