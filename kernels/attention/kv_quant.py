@@ -35,7 +35,7 @@ class KVCacheFormatError(ValueError):
 
 
 def cache_format(cache: torch.Tensor) -> str:
-    """"auto" (unquantized), "fp8" or "int8" from the cache tensor's dtype."""
+    """The format of a cache from its dtype: "auto" (unquantized), "fp8" or "int8"."""
     if cache.dtype == torch.float8_e4m3fn:
         return "fp8"
     if cache.dtype == torch.uint8:

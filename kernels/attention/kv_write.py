@@ -25,6 +25,7 @@ from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait
 from vlchat.kernels.device import device_for
 from vlchat.kernels.launch import launch_compiled
 
+
 @triton.jit
 def fp8_bits(x):
     """e4m3 bits (uint8) of fp32 x: clamped to +-448, rounded to nearest even (torch's float8_e4m3fn cast)."""

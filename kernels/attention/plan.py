@@ -73,7 +73,7 @@ def decode_plan(
 def bound_plan(
     batch: int, q_heads: int, kv_heads: int, head_dim: int, dtype, page: int, max_context: int, device,
     cache_dtype=None,
-) -> tuple[int, DecodeConfig | WsDecodeConfig]:
+) -> tuple[int, DecodeConfig | WsDecodeConfig]:  # fmt: skip
     """decode_plan for a batch given by its shapes and a context bound, with no tensors (the engine plans its
     batch and context buckets before any step runs them): the query and cache (of `cache_dtype`, default the
     query's) on the meta device, the block table as wide as `max_context` keys need."""
