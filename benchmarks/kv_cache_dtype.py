@@ -76,8 +76,19 @@ def decode_calls(fmt: str, inputs, device):
     scale = q.shape[-1] ** -0.5
     calls = [
         lambda t=t: decode.paged_decode_attention(
-            q, k_cache, v_cache, t, seq_lens, scale, None, splits, out, config=config, cache_memo=memo,
-            k_scale=k_scale, v_scale=v_scale,
+            q,
+            k_cache,
+            v_cache,
+            t,
+            seq_lens,
+            scale,
+            None,
+            splits,
+            out,
+            config=config,
+            cache_memo=memo,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )  # fmt: skip
         for t in tables
     ]
