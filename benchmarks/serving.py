@@ -62,13 +62,17 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
         engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                           max_num_batched_tokens=args.max_num_batched_tokens,
                                           enforce_eager=args.enforce_eager,
-                                          prefill_delay_steps=args.prefill_delay_steps)  # fmt: skip
+                                          prefill_delay_steps=args.prefill_delay_steps,
+                                          kv_cache_dtype=args.kv_cache_dtype)  # fmt: skip
+
+    peak = [0]  # the most sequences the scheduler ran at once, seen as tokens arrived
 
     async def one(i, req, rec):
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
         seen = 0
         async for out in engine.generate(f"bench-{i}", req.prompt_token_ids, params):
             n = seen + len(out.outputs[0].delta_token_ids)  # the cumulative list would be sliced on every read
+            peak[0] = max(peak[0], len(engine.engine.scheduler.running))
             if n > seen:
                 rec.token_times.append(time.perf_counter())
                 rec.chunk_tokens.append(n - seen)
@@ -82,7 +86,8 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
         return await _run_requests(requests, arrivals, args.concurrency, one)
 
     records, duration = asyncio.run(main())
-    info = {"kv_blocks_free_after": engine.num_free_blocks()}
+    info = {"kv_blocks_free_after": engine.num_free_blocks(), "kv_cache_tokens": engine.kv_cache_tokens,
+            "kv_cache_dtype": args.kv_cache_dtype, "max_running_seqs": peak[0]}  # fmt: skip
     engine.shutdown()
     return records, duration, info
 
@@ -226,6 +231,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"])
     p.add_argument("--prefill-delay-steps", type=int, default=None,
                    help="SchedulerConfig.prefill_delay_steps (default: the engine's; 0 admits at once)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
