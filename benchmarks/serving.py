@@ -231,7 +231,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8", "int4"])
     p.add_argument("--prefill-delay-steps", type=int, default=None,
                    help="SchedulerConfig.prefill_delay_steps (default: the engine's; 0 admits at once)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)

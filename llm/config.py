@@ -16,7 +16,7 @@ from vlchat.llm.errors import InvalidRequestError
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
-KV_CACHE_DTYPES = ("auto", "fp8", "int8")  # kernels/attention/kv_quant.py's formats (a test keeps the two equal)
+KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")  # kernels/attention/kv_quant.py's (a test keeps the two equal)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -37,8 +37,9 @@ class CacheConfig:
         enable_prefix_caching: share full blocks across requests by content hash.
         kv_cache_dtype: "auto" stores K/V in the model's dtype; "fp8" as FP8 e4m3 with a per-tensor scale
             (1.0), half the bytes; "int8" as 8-bit codes with a float32 scale and zero point per token and
-            KV head (docs/KV_CACHE.md says what each costs in accuracy). The pool is sized by the chosen
-            format's bytes per token.
+            KV head; "int4" the same with 4-bit codes, a quarter of fp16's bytes plus the scales
+            (docs/KV_CACHE.md says what each costs in accuracy). The pool is sized by the chosen format's
+            bytes per token.
     """
 
     block_size: int = 16

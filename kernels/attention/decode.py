@@ -64,12 +64,15 @@ def fp8_to_half(bits):
 
 
 @triton.jit
-def dequant_tile(x, sz_rows, n_ok, dtype, QUANT: tl.constexpr):
+def dequant_tile(x, sz_rows, n_ok, offs_d, dtype, QUANT: tl.constexpr):
     """A loaded K/V tile x [BLOCK_N, BLOCK_D] as `dtype`: QUANT 0 as is, 1 (fp8) its values * 2**-8 (the caller
-    folds 256 * scale in elsewhere), 2 (int8) code * scale + zero with each row's pair at sz_rows [BLOCK_N]."""
+    folds 256 * scale in elsewhere), 2 (int8) code * scale + zero with each row's pair at sz_rows [BLOCK_N], 3
+    (int4) the same of the nibble dimension offs_d sits in (the tile loaded at byte columns offs_d // 2)."""
     if QUANT == 1:
         return fp8_to_half(x).to(dtype)
-    elif QUANT == 2:
+    elif QUANT >= 2:
+        if QUANT == 3:
+            x = (x.to(tl.int32) >> ((offs_d % 2) * 4)[None, :]) & 15
         row_scale = tl.load(sz_rows, mask=n_ok, other=0.0)
         row_zero = tl.load(sz_rows + 1, mask=n_ok, other=0.0)
         return (x.to(tl.float32) * row_scale[:, None] + row_zero[:, None]).to(dtype)
@@ -104,6 +107,10 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g  # query heads of this KV head
     mask_g = offs_g < GROUP
     mask_d = offs_d < HEAD_DIM
+    if QUANT == 3:  # int4: two dimensions a byte
+        cols = offs_d // 2
+    else:
+        cols = offs_d
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_g[:, None] & mask_d[None, :],
@@ -121,11 +128,13 @@ def _decode_kernel(
         page = tl.load(table + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
         slot = offs_n % PAGE
         k = tl.load(
-            k_ptr + (page * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :],
+            k_ptr + (page * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + cols[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_D]
-        k = dequant_tile(k, ksz_ptr + page * stride_sb + slot * stride_st + kvh * stride_sh, mask_n, q.dtype, QUANT)
+        k = dequant_tile(
+            k, ksz_ptr + page * stride_sb + slot * stride_st + kvh * stride_sh, mask_n, offs_d, q.dtype, QUANT
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N] fp32
         if SOFTCAP:
             s = _tanh(s * (scale / softcap)) * (softcap * _LOG2E)
@@ -137,11 +146,13 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_ptr + (page * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :],
+            v_ptr + (page * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + cols[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_D]
-        v = dequant_tile(v, vsz_ptr + page * stride_ub + slot * stride_ut + kvh * stride_uh, mask_n, q.dtype, QUANT)
+        v = dequant_tile(
+            v, vsz_ptr + page * stride_ub + slot * stride_ut + kvh * stride_uh, mask_n, offs_d, q.dtype, QUANT
+        )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -193,9 +204,10 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
             "q must be [batch, q_heads, head_dim]; k/v caches [num_blocks, block_size, kv_heads, head_dim]"
         )
     batch, q_heads, head_dim = q.shape
-    if k_cache.shape[3] != head_dim or q_heads % k_cache.shape[2]:
+    fmt = kv_quant.cache_format(k_cache, head_dim)
+    if k_cache.shape[3] != kv_quant.storage_dim(fmt, head_dim) or q_heads % k_cache.shape[2]:
         raise ValueError(f"head_dim/heads mismatch: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
-    quantized = kv_quant.cache_format(k_cache) != "auto"
+    quantized = fmt != "auto"
     if (not quantized and q.dtype != k_cache.dtype) or v_cache.dtype != k_cache.dtype:
         raise TypeError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -221,7 +233,7 @@ def paged_decode_attention(
     dequantizes each tile in registers; the plan gives them Triton configs only."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
-    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale)
+    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
     device = device or device_for(q)
     check_dtype(table_for(device), q.dtype)
     num_splits = None if num_splits is None else max(1, int(num_splits))
@@ -277,11 +289,11 @@ def paged_decode_attention(
 def _quant_args(fmt: str, k_cache, k_scale, v_scale):
     """(multiplier folded into the score scale, multiplier of the output, K and V scale/zero tensors, their strides)
     for a cache of format `fmt`: fp8 tiles convert to their values * 2**-8, the factor and the per-tensor scales
-    come back through the multipliers; int8 tiles read their rows' scale/zero pairs."""
+    come back through the multipliers; int8 and int4 tiles read their rows' scale/zero pairs."""
     if fmt == "fp8":
         factor = kv_quant.FP8_HALF_FACTOR
         return factor * kv_quant.fp8_scale(k_scale), factor * kv_quant.fp8_scale(v_scale), k_cache, k_cache, (0,) * 6
-    if fmt == "int8":
+    if fmt in kv_quant.LEVELS:
         return 1.0, 1.0, k_scale, v_scale, (*k_scale.stride()[:3], *v_scale.stride()[:3])
     return 1.0, 1.0, k_cache, k_cache, (0,) * 6
 

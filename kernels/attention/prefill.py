@@ -52,9 +52,9 @@ def _tile(base, offs_n, offs_d, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.con
 
 
 @triton.jit
-def _dequant(x, sz_rows, n_ok, mul, dtype, QUANT: tl.constexpr):
+def _dequant(x, sz_rows, n_ok, offs_d, mul, dtype, QUANT: tl.constexpr):
     """A paged K/V tile of a quantized cache as `dtype` (decode.dequant_tile, the fp8 multiplier applied)."""
-    x = dequant_tile(x, sz_rows, n_ok, dtype, QUANT)
+    x = dequant_tile(x, sz_rows, n_ok, offs_d, dtype, QUANT)
     if QUANT == 1:
         x = (x.to(tl.float32) * mul).to(dtype)
     return x
@@ -72,6 +72,10 @@ def _keys(
     SRC: 0 the paged cache through the block table, 1 contiguous rows by pointers, 2 rows by TMA descriptors.
     QUANT (the paged source only): the cache's format (kv_quant.QUANT_CODES); quant = (K scale/zero pointer,
     V scale/zero pointer, their block and token strides, the fp8 multipliers of K and V)."""
+    if QUANT == 3:  # int4 pages: two dimensions a byte
+        cols = offs_d // 2
+    else:
+        cols = offs_d
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_ok = offs_t < limit
@@ -85,10 +89,11 @@ def _keys(
             else:
                 k_rows = offs_t.to(tl.int64) * stride_kt
                 v_rows = offs_t.to(tl.int64) * stride_vt
-            k = _tile(k_src, k_rows, offs_d, t_ok, d_ok, MASKED, EVEN_D)  # [BLOCK_N, BLOCK_D]
+            k = _tile(k_src, k_rows, cols, t_ok, d_ok, MASKED, EVEN_D)  # [BLOCK_N, BLOCK_D]
             if QUANT != 0:
                 ksz, vsz, stride_sb, stride_st, stride_ub, stride_ut, k_mul, v_mul = quant
-                k = _dequant(k, ksz + page * stride_sb + (offs_t % PAGE) * stride_st, t_ok, k_mul, q.dtype, QUANT)
+                k_sz = ksz + page * stride_sb + (offs_t % PAGE) * stride_st
+                k = _dequant(k, k_sz, t_ok, offs_d, k_mul, q.dtype, QUANT)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = _tanh(s * pre_scale) * post_scale
@@ -116,9 +121,10 @@ def _keys(
         if SRC == 2:
             v = v_src.load([row0 + t0, col0])
         else:
-            v = _tile(v_src, v_rows, offs_d, t_ok, d_ok, MASKED, EVEN_D)
+            v = _tile(v_src, v_rows, cols, t_ok, d_ok, MASKED, EVEN_D)
             if QUANT != 0:
-                v = _dequant(v, vsz + page * stride_ub + (offs_t % PAGE) * stride_ut, t_ok, v_mul, q.dtype, QUANT)
+                v_sz = vsz + page * stride_ub + (offs_t % PAGE) * stride_ut
+                v = _dequant(v, v_sz, t_ok, offs_d, v_mul, q.dtype, QUANT)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -274,7 +280,7 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     paged, rows = k_cache is not None, k is not None
     kv_heads = (k if rows else k_cache).shape[-2]
     descs = _tma_descriptors(q, k, v, config)
-    fmt = kv_quant.cache_format(k_cache) if paged else "auto"
+    fmt = kv_quant.cache_format(k_cache, head_dim) if paged else "auto"
     k_mul, v_mul, ksz, vsz, sz_strides = _quant_args(fmt, k_cache, k_scale, v_scale)
     if fmt == "fp8":
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
@@ -308,7 +314,7 @@ def _check_operands(q, k, v):
     """k, v: caches or rows, heads in dim -2 (quantized caches keep their own dtype: kv_quant.py)."""
     if q.shape[1] % k.shape[-2]:
         raise ValueError(f"q_heads {q.shape[1]} is not a multiple of kv_heads {k.shape[-2]}")
-    quantized = kv_quant.cache_format(k) != "auto"
+    quantized = kv_quant.cache_format(k, q.shape[-1]) != "auto"
     if (not quantized and q.dtype != k.dtype) or v.dtype != k.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -348,15 +354,17 @@ def paged_prefill_attention(
     them) run the Triton kernel, which dequantizes the prefix's tiles in registers; the chunk's own rows (k, v)
     are read as they are."""
     # q: [total_q, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError("q must be [tokens, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]")
+    if k_cache.shape[3] != kv_quant.storage_dim(kv_quant.cache_format(k_cache, q.shape[2]), q.shape[2]):
+        raise ValueError(f"head_dim mismatch: q {tuple(q.shape)}, caches {tuple(k_cache.shape)}")
     if (k is None) != (v is None):
         raise ValueError("pass both k and v (the chunk's rows), or neither")
     if k is not None and (k.shape != v.shape or k.shape != (q.shape[0], k_cache.shape[2], q.shape[2])):
         raise ValueError("k and v must be [total_q, kv_heads, head_dim], the rows of the chunk's tokens")
     if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32:
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
-    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale)
+    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
     ws = ws_plan(q, k, v, k_cache, v_cache, causal, sliding_window, softcap, device, config)
     config, out = prepare(q, k_cache, v_cache, device, config, out)
     if k is not None:

@@ -44,7 +44,7 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
     """Store k/v rows into their paged-cache slots, quantized as the cache's format (kv_quant.py); slots < 0 are
     skipped."""
     # k, v: [tokens, kv_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
-    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale)
+    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, k.shape[-1])
     slots = slot_mapping.to(torch.long)
     keep = slots >= 0
     if not bool(keep.all()):
@@ -87,9 +87,10 @@ def paged_decode_attention(
     """One query token per sequence against its paged K/V (num_splits, the kernel config and the caches' descriptor
     memo are ignored here); quantized caches (kv_quant.py) are dequantized as they are gathered."""
     # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
-    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale)
+    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
     if _fused_cpu(q, softcap):
-        return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out, k_scale, v_scale)
+        return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out, k_scale, v_scale,
+                            fmt)  # fmt: skip
     batch, q_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
@@ -100,8 +101,10 @@ def paged_decode_attention(
         tables = tables[:, : max(used, 1)]
     tables = tables.clamp(0, num_blocks - 1)  # entries past a sequence's end may be garbage
     ctx = tables.shape[1] * block_size
-    keys = _rows(k_cache, k_scale, tables, acc).reshape(batch, ctx, kv_heads, head_dim)  # [batch, ctx, kv_heads, d]
-    vals = _rows(v_cache, v_scale, tables, acc).reshape(batch, ctx, kv_heads, head_dim)
+    keys = _rows(k_cache, k_scale, tables, acc, fmt).reshape(
+        batch, ctx, kv_heads, head_dim
+    )  # [batch, ctx, kv_heads, d]
+    vals = _rows(v_cache, v_scale, tables, acc, fmt).reshape(batch, ctx, kv_heads, head_dim)
     qg = q.reshape(batch, kv_heads, group, head_dim).to(acc)  # [batch, kv_heads, group, d]
     scores = torch.einsum("bhgd,bchd->bhgc", qg, keys)  # [batch, kv_heads, group, ctx]
     scores = _scale_and_cap(scores, scale, softcap)
@@ -116,7 +119,7 @@ def paged_decode_attention(
     return out
 
 
-def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out, k_scale, v_scale):
+def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out, k_scale, v_scale, fmt):
     """paged_decode_attention on the CPU in fp32 without softcap (module doc): per sequence, SDPA over the keys its
     query sees (the last `sliding_window` of them with a window), GQA through enable_gqa."""
     out = torch.empty_like(q) if out is None else out
@@ -125,8 +128,8 @@ def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_win
         if length <= start:
             out[b] = 0.0  # no key: a zero row, as everywhere here
             continue
-        k = _gather_paged(k_cache, block_tables[b], length, k_scale, q.dtype)[start:]
-        v = _gather_paged(v_cache, block_tables[b], length, v_scale, q.dtype)[start:]
+        k = _gather_paged(k_cache, block_tables[b], length, k_scale, q.dtype, fmt)[start:]
+        v = _gather_paged(v_cache, block_tables[b], length, v_scale, q.dtype, fmt)[start:]
         out[b : b + 1] = _sdpa_rows(q[b : b + 1], k, v, scale)
     return out
 
@@ -170,24 +173,23 @@ def _attend(q, k, v, q_start, scale, causal, sliding_window, softcap, out):
         out[lo:hi] = res.reshape(hi - lo, q_heads, head_dim).to(out.dtype)
 
 
-def _rows(cache, scale, index, dtype):
-    """cache[index] as `dtype`, dequantized where the cache is quantized (kv_quant.py)."""
-    fmt = kv_quant.cache_format(cache)
+def _rows(cache, scale, index, dtype, fmt):
+    """cache[index] as `dtype`, dequantized where the cache's format `fmt` is quantized (kv_quant.py)."""
     if fmt == "fp8":  # indexing has no float8 kernel on the CPU: index the bits
-        return kv_quant.dequantize(cache.view(torch.uint8)[index].view(cache.dtype), scale, dtype)
-    if fmt == "int8":
-        return kv_quant.dequantize(cache[index], scale[index], dtype)
+        return kv_quant.dequantize(cache.view(torch.uint8)[index].view(cache.dtype), scale, dtype, fmt)
+    if fmt in kv_quant.LEVELS:
+        return kv_quant.dequantize(cache[index], scale[index], dtype, fmt)
     return cache[index].to(dtype)
 
 
-def _gather_paged(cache, table_row, length, scale=None, dtype=None):
+def _gather_paged(cache, table_row, length, scale=None, dtype=None, fmt="auto"):
     """The first `length` rows [length, kv_heads, head_dim] of one sequence's paged cache: as stored, or
-    dequantized to `dtype` where given (a quantized cache needs it, with its scale)."""
+    dequantized to `dtype` where given (a quantized cache needs it, with its scale and format)."""
     block_size = cache.shape[1]
     used = (length + block_size - 1) // block_size
     index = table_row[:used].to(torch.long)
-    rows = cache[index] if dtype is None else _rows(cache, scale, index, dtype)  # [used, block_size, kv_heads, d]
-    return rows.reshape(used * block_size, *cache.shape[2:])[:length]
+    rows = cache[index] if dtype is None else _rows(cache, scale, index, dtype, fmt)  # [used, block_size, kv_heads, d]
+    return rows.reshape(used * block_size, *rows.shape[2:])[:length]
 
 
 def paged_prefill_attention(
@@ -201,7 +203,8 @@ def paged_prefill_attention(
     every key from the pages (the same values); given with a quantized cache, the chunk's keys come from them
     unquantized and only the prefix from the (dequantized) pages, as the Triton kernel reads them."""
     # q: [total_q, q_heads, head_dim]; cu_seqlens_q: [batch + 1]; seq_lens: [batch]
-    quantized = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale) != "auto"
+    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
+    quantized = fmt != "auto"
     rows = (k, v) if quantized and k is not None else None
     out = torch.empty_like(q)
     starts = cu_seqlens_q.tolist()
@@ -211,8 +214,8 @@ def paged_prefill_attention(
         if hi == lo:
             continue
         paged = kv_len - (hi - lo) if rows else kv_len
-        keys = _gather_paged(k_cache, block_tables[i], paged, k_scale, q.dtype if quantized else None)
-        vals = _gather_paged(v_cache, block_tables[i], paged, v_scale, q.dtype if quantized else None)
+        keys = _gather_paged(k_cache, block_tables[i], paged, k_scale, q.dtype if quantized else None, fmt)
+        vals = _gather_paged(v_cache, block_tables[i], paged, v_scale, q.dtype if quantized else None, fmt)
         if rows:
             keys, vals = torch.cat((keys, rows[0][lo:hi].to(q.dtype))), torch.cat((vals, rows[1][lo:hi].to(q.dtype)))
         _attend(q[lo:hi], keys, vals, kv_len - (hi - lo), scale, causal, sliding_window, softcap, out[lo:hi])

@@ -1,5 +1,5 @@
 """Quantized KV caches (kernels/attention/kv_quant.py): the KV write's codes against the torch quantization, the
-fp8 bit conversion over every code, and paged decode/prefill over fp8 and int8 caches against the float64
+fp8 bit conversion over every code, and paged decode/prefill over fp8, int8 and int4 caches against the float64
 reference reading the same codes. CPU: tiny shapes under TRITON_INTERPRET=1; GPU: real shapes."""
 
 import pytest
@@ -21,13 +21,13 @@ from tests.kernels.attention_helpers import (
 from vlchat.kernels.attention import decode, kv_quant, kv_write, plan, prefill, reference
 from vlchat.kernels.attention.configs import TABLES, DecodeConfig, PrefillConfig, WsDecodeConfig
 
-FORMATS = ["fp8", "int8"]
+FORMATS = ["fp8", "int8", "int4"]
 KV_HEADS = 8 if ON_GPU else 2
 
 
 def _scales(fmt, cache, k_scale=1.0, v_scale=1.0):
     """(k_scale, v_scale) for a cache of `fmt` shaped like `cache`, as kv_quant.allocate gives them."""
-    if fmt == "int8":
+    if fmt in kv_quant.LEVELS:
         shape = (*cache.shape[:3], 2)
         return torch.zeros(shape, device=DEV), torch.zeros(shape, device=DEV)
     return (k_scale, v_scale) if fmt == "fp8" else (None, None)
@@ -38,10 +38,8 @@ def quantized_paged(fmt, lens, page, kv_heads, head_dim, dtype, k_scale=1.0, v_s
     `fmt` through the reference write, every slot of every block."""
     k16, v16, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
     num_blocks = k16.shape[0]
-    storage = kv_quant.storage_dtype(fmt, dtype)
-    k_cache = torch.zeros(k16.shape, dtype=storage, device=DEV)
-    v_cache = torch.zeros_like(k_cache)
-    ks, vs = _scales(fmt, k16, k_scale, v_scale)
+    k_cache, v_cache, ks, vs = kv_quant.allocate(fmt, num_blocks, page, kv_heads, head_dim, dtype, DEV)
+    ks, vs = (k_scale, v_scale) if fmt == "fp8" else (ks, vs)
     slots = torch.arange(num_blocks * page, device=DEV)
     reference.write_kv_cache(
         k16.view(-1, kv_heads, head_dim), v16.view(-1, kv_heads, head_dim), k_cache, v_cache, slots, ks, vs
@@ -72,21 +70,44 @@ def test_int8_quantization_error_is_at_most_half_a_step():
     assert int(codes.amin()) == 0 and int(codes.amax()) == 255
 
 
+def test_int4_codes_pack_two_dimensions_a_byte_within_half_a_step():
+    x = torch.randn(5, 2, 64, dtype=torch.float64)
+    codes, sz = kv_quant.quantize_int(x, "int4")
+    assert codes.shape == (5, 2, 32) and codes.dtype == torch.uint8
+    unpacked = kv_quant.unpack_int4(codes)
+    assert int(unpacked.amax()) == 15 and int(unpacked.amin()) == 0
+    assert torch.equal(unpacked[..., 1::2], codes >> 4)  # odd dimensions in the high nibble
+    back = kv_quant.dequantize(codes, sz, torch.float64, "int4")
+    assert torch.all((back - x).abs() <= sz[..., 0:1].double() / 2 + 1e-6)
+    assert kv_quant.cache_format(codes, 64) == "int4" and kv_quant.cache_format(codes, 32) == "int8"
+
+
 def test_bytes_per_token_counts_codes_and_scales():
     assert kv_quant.bytes_per_token("auto", 8, 128, torch.bfloat16) == 2 * 8 * 128 * 2
     assert kv_quant.bytes_per_token("fp8", 8, 128, torch.bfloat16) == 2 * 8 * 128
     assert kv_quant.bytes_per_token("int8", 8, 128, torch.float16) == 2 * 8 * (128 + 8)
+    assert kv_quant.bytes_per_token("int4", 8, 128, torch.float16) == 2 * 8 * (64 + 8)
 
 
 @pytest.mark.parametrize(
     "fmt,k_scale,message",
-    [("int8", None, "float32 tensor"), ("fp8", -1.0, "positive Python float"), ("auto", 1.0, "quantized")],
+    [
+        ("int8", None, "float32 tensor"),
+        ("int4", None, "float32 tensor"),
+        ("fp8", -1.0, "positive Python float"),
+        ("auto", 1.0, "quantized"),
+    ],  # fmt: skip
 )
 def test_scales_that_do_not_fit_the_format_raise_typed_errors(fmt, k_scale, message):
-    cache = torch.zeros(2, 16, 1, 64, dtype=kv_quant.storage_dtype(fmt, torch.float16))
-    v_scale = torch.zeros(2, 16, 1, 2) if fmt == "int8" else None
+    cache = torch.zeros(2, 16, 1, kv_quant.storage_dim(fmt, 64), dtype=kv_quant.storage_dtype(fmt, torch.float16))
+    v_scale = torch.zeros(2, 16, 1, 2) if fmt in kv_quant.LEVELS else None
     with pytest.raises(kv_quant.KVCacheFormatError, match=message):
-        kv_quant.check_scales(cache, cache, k_scale, v_scale)
+        kv_quant.check_scales(cache, cache, k_scale, v_scale, 64)
+
+
+def test_an_odd_head_dim_has_no_int4_cache():
+    with pytest.raises(kv_quant.KVCacheFormatError, match="odd"):
+        kv_quant.allocate("int4", 2, 16, 1, 81, torch.float16, "cpu")
 
 
 # -- the KV write ------------------------------------------------------------------------------------------------
@@ -96,21 +117,23 @@ def test_scales_that_do_not_fit_the_format_raise_typed_errors(fmt, k_scale, mess
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kv_heads,head_dim,page", [(2, 80, 16), (5, 64, 32)], ids=str)
 def test_kv_write_quantizes_as_the_reference(fmt, dtype, kv_heads, head_dim, page):
-    """Codes (and int8 scale/zero pairs) bit-identical to the torch quantization; skipped slots keep their bytes."""
+    """Codes (and int8/int4 scale/zero pairs) bit-identical to the torch quantization; skipped slots keep their
+    bytes."""
     num_blocks, tokens = 4, 11
     k = torch.randn(tokens, kv_heads, head_dim, device=DEV) * 3
     k[0] *= 300  # clamped to +-448 in fp8
     k[1] *= 1e-4  # fp8 subnormals
-    k[2, 0] = 0.75  # a constant row: int8 scale 0
+    k[2, 0] = 0.75  # a constant row: int8/int4 scale 0
     k = k.to(dtype)
     v = torch.randn(tokens, kv_heads, head_dim, device=DEV).to(dtype)
     slots = torch.randperm(num_blocks * page, device=DEV)[:tokens]
     slots[4] = -1
     storage = kv_quant.storage_dtype(fmt, dtype)
-    caches = [torch.randint(0, 255, (num_blocks, page, kv_heads, head_dim), device=DEV, dtype=torch.uint8)
+    width = kv_quant.storage_dim(fmt, head_dim)
+    caches = [torch.randint(0, 255, (num_blocks, page, kv_heads, width), device=DEV, dtype=torch.uint8)
               .view(storage) for _ in range(2)]  # fmt: skip
     scales = _scales(fmt, caches[0], 0.5, 2.0)
-    if fmt == "int8":
+    if fmt in kv_quant.LEVELS:
         scales = tuple(s.normal_() for s in scales)
     expected = [c.clone() for c in caches]
     expected_scales = tuple(s.clone() if isinstance(s, torch.Tensor) else s for s in scales)
@@ -118,7 +141,7 @@ def test_kv_write_quantizes_as_the_reference(fmt, dtype, kv_heads, head_dim, pag
     reference.write_kv_cache(k, v, *expected, slots, *expected_scales)
     for got, want in zip(caches, expected, strict=True):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    if fmt == "int8":
+    if fmt in kv_quant.LEVELS:
         for got, want in zip(scales, expected_scales, strict=True):
             assert torch.equal(got, want)
 

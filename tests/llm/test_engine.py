@@ -342,14 +342,15 @@ def test_an_aborted_request_reports_the_text_of_every_token_it_has(make_llm, pro
     assert whole.text.startswith(out.text) and len(out.text) >= len(llm.tokenizer.decode(out.token_ids[:-1]))
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8", "int4"])
 def test_quantized_kv_cache_tokens_do_not_depend_on_scheduling(make_llm, prompts, reference, kv_cache_dtype):
     """With a quantized cache every key is read back as stored (llm/layers/attention.py `_rows`): one batch, prefix
     cache hits, chunked prefill and preemption give the same greedy tokens. This random model's logits are too
     close to ties for whole sequences to keep transformers' tokens (tests/llm/test_kv_cache_fidelity.py measures
-    that on real weights); every first token does."""
+    that on real weights); with fp8 and int8 every first token does (int4's coarser keys move some)."""
     base = tokens(make_llm(kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False).generate(prompts, GREEDY))
-    assert [b[0] for b in base] == [r[0] for r in reference]
+    if kv_cache_dtype != "int4":
+        assert [b[0] for b in base] == [r[0] for r in reference]
     llm = make_llm(kv_cache_dtype=kv_cache_dtype)
     first = llm.generate(prompts, GREEDY)
     second = llm.generate(prompts, GREEDY)
@@ -363,8 +364,9 @@ def test_quantized_kv_cache_tokens_do_not_depend_on_scheduling(make_llm, prompts
 
 
 def test_kv_cache_dtype_sizes_the_pool_by_bytes_per_token(model_dir):
-    """The same cpu_cache_gb holds four times the blocks in fp8 as in this model's fp32, in int8 as many as its codes
-    and float32 scale/zero pairs per token and head allow; the model runner's caches are in the chosen format."""
+    """The same cpu_cache_gb holds four times the blocks in fp8 as in this model's fp32, in int8 and int4 as many as
+    their codes and float32 scale/zero pairs per token and head allow; the model runner's caches are in the chosen
+    format."""
     from vlchat.kernels.attention import kv_quant
     from vlchat.llm.config import KV_CACHE_DTYPES
 
@@ -381,3 +383,4 @@ def test_kv_cache_dtype_sizes_the_pool_by_bytes_per_token(model_dir):
         llm.close()
     assert blocks["fp8"] == pytest.approx(4 * blocks["auto"], rel=0.01)
     assert blocks["int8"] == pytest.approx(blocks["auto"] * 4 * head_dim / (head_dim + 8), rel=0.01)
+    assert blocks["int4"] == pytest.approx(blocks["auto"] * 4 * head_dim / (head_dim / 2 + 8), rel=0.01)

@@ -1,7 +1,8 @@
 """What fp8 and int8 KV caches cost on real weights: Gemma 3 270M (the Q4_K_M GGUF of the test extra), fp32 compute
 on the CPU with the cache stored quantized, against the unquantized (fp32) cache.
 
-Greedy: 10 prompts x 32 tokens served through the engine; at least 8 continuations identical per format. KL: the
+Greedy: 10 prompts x 32 tokens served through the engine; at least 8 continuations identical for fp8 and int8,
+6 for int4. KL: the
 mean KL divergence of next-token distributions over KL_TOKENS tokens of prose, teacher-forced with every position
 reading a quantized context (benchmarks/kv_cache_fidelity.py measures it over 2,048 tokens and reports it; the
 bounds here are several times what it measured, so they flag a broken quantization, not noise)."""
@@ -14,7 +15,8 @@ import torch
 from benchmarks.kv_cache_fidelity import PROMPTS, QUANTIZED, greedy_tokens, mean_kl, prose_tokens
 
 KL_TOKENS = 512
-MAX_MEAN_KL = {"fp8": 0.05, "int8": 0.02}
+MAX_MEAN_KL = {"fp8": 0.05, "int8": 0.02, "int4": 0.2}
+MIN_IDENTICAL = {"fp8": 8, "int8": 8, "int4": 6}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def unquantized(gemma_path):
 def test_greedy_tokens_match_the_unquantized_cache(gemma_path, unquantized, kv_cache_dtype):
     got = greedy_tokens(gemma_path, kv_cache_dtype, "cpu")
     identical = sum(a == b for a, b in zip(unquantized, got, strict=True))
-    assert len(got) == len(PROMPTS) and identical >= 8, f"{identical}/10 identical"
+    assert len(got) == len(PROMPTS) and identical >= MIN_IDENTICAL[kv_cache_dtype], f"{identical}/10 identical"
 
 
 @torch.inference_mode()
