@@ -1,4 +1,4 @@
-"""Decode attention at 128k keys over fp16, fp8 and int8 KV caches: time, the bytes each actually reads, and
+"""Decode attention at 128k keys over fp16, fp8, int8 and int4 KV caches: time, the bytes each actually reads, and
 that against copy bandwidth.
 
     python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N]
@@ -6,14 +6,14 @@ that against copy bandwidth.
 Rows (q heads, KV heads, batch, keys): Llama-3-8B's 32/8 at batch 1 and 4, MHA 32/32 at batch 1 and GQA 32/8 at
 batch 32 over 8k keys; head_dim 128, 16-token pages in shuffled order, KV copies enough to defeat the L2. Each
 cache format runs what the engine runs for it: fp16 the plan's kernel (on sm_90 the Gluon decode) and, beside it,
-the plan's Triton-only choice ("fp16 triton"); fp8 and int8 the Triton kernel (kernels/attention/kv_quant.py),
+the plan's Triton-only choice ("fp16 triton"); fp8, int8 and int4 the Triton kernel (kernels/attention/kv_quant.py),
 planned by plan.decode_plan over the quantized cache. Times are the median of --rounds interleaved CUDA-graph
 timings of back-to-back calls (gpu_timing.interleaved_medians).
 
-Bytes read per call: the K and V codes of every key (2 bytes per element in fp16, 1 in fp8 and int8), int8's
-float32 scale and zero point per key and KV head, and the query and output rows. GB/s = bytes / time;
-"of copy" = GB/s against the device's copy bandwidth (gpu_timing.copy_bandwidth_gbs: bytes read + written by a
-1 GiB device-to-device copy, per second). Writes kv_cache_dtype_<device>.json and .md under --out.
+Bytes read per call: the K and V codes of every key (2 bytes per element in fp16, 1 in fp8 and int8, half in
+int4), int8's and int4's float32 scale and zero point per key and KV head, and the query and output rows.
+GB/s = bytes / time; "of copy" = GB/s against the device's copy bandwidth (gpu_timing.copy_bandwidth_gbs: bytes
+read + written by a 1 GiB device-to-device copy, per second). Writes kv_cache_dtype_<device>.json and .md under --out.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from vlchat.kernels.attention import kv_quant
 
 ROWS = [(32, 8, 1, 131072), (32, 8, 4, 131072), (32, 32, 1, 131072), (32, 8, 32, 8192)]
 HEAD_DIM, PAGE = 128, 16
-FORMATS = ("fp16", "fp16 triton", "fp8", "int8")
+FORMATS = ("fp16", "fp16 triton", "fp8", "int8", "int4")
 L2_DEFEAT = 256 << 20  # KV bytes over all copies at least this much (several times any L2)
 ROUNDS = 5
 

@@ -14,6 +14,7 @@ def test_bytes_read_counts_codes_scales_and_rows():
     assert bytes_read("fp16", 32, 8, 1, 1024) == 1024 * 2 * 8 * 128 * 2 + q_rows
     assert bytes_read("fp8", 32, 8, 1, 1024) == 1024 * 2 * 8 * 128 + q_rows
     assert bytes_read("int8", 32, 8, 1, 1024) == 1024 * 2 * 8 * (128 + 8) + q_rows
+    assert bytes_read("int4", 32, 8, 1, 1024) == 1024 * 2 * 8 * (64 + 8) + q_rows
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
