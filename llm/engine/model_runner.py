@@ -81,6 +81,11 @@ class ModelRunner:
         extend_rope_tables(self.model, max_model_len)  # an override may exceed the config's length
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        for attn in self.attn_layers:  # a format the model's heads cannot take fails here, before any memory is sized
+            try:
+                kv_quant.storage_dim(self.kv_cache_dtype, attn.head_dim)
+            except kv_quant.KVCacheFormatError as e:
+                raise InvalidRequestError(str(e)) from e
         self.rope_tracks_length = any(
             isinstance(m, RotaryEmbedding) and m.needs_length_update for m in self.model.modules()
         )
