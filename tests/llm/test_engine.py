@@ -384,4 +384,3 @@ def test_kv_cache_dtype_sizes_the_pool_by_bytes_per_token(model_dir):
     assert blocks["fp8"] == pytest.approx(4 * blocks["auto"], rel=0.01)
     assert blocks["int8"] == pytest.approx(blocks["auto"] * 4 * head_dim / (head_dim + 8), rel=0.01)
     assert blocks["int4"] == pytest.approx(blocks["auto"] * 4 * head_dim / (head_dim / 2 + 8), rel=0.01)
-
