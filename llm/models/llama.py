@@ -20,6 +20,7 @@ from vlchat.llm.layers.attention import Attention
 from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
 from vlchat.llm.layers.linear import Linear, MergedLinear, QKVLinear
 from vlchat.llm.layers.norm import RMSNorm
+from vlchat.llm.quantization import QuantConfig, quant_config_from_hf
 from vlchat.llm.rope import get_rope, max_model_len_from_config, rope_parameters_from_config
 from vlchat.llm.weights import WeightRule
 
@@ -49,6 +50,7 @@ class DecoderSpec:
     attn_scale: float = 0.0  # 0 = head_dim ** -0.5
     attn_softcap: float = 0.0  # > 0: scores capped with softcap * tanh(score / softcap)
     norm_weight_offset: float = 0.0  # 1.0: Gemma's (1 + weight) RMSNorms
+    quant: QuantConfig | None = None  # 4-bit projections (llm/quantization.py); None = 16-bit
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -81,13 +83,17 @@ def windows_from_layer_types(hf_config) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in layer_types]
 
 
-def decoder_weight_rules(tied_head: bool, extra: list[WeightRule] = ()) -> list[WeightRule]:
+def decoder_weight_rules(
+    tied_head: bool, extra: list[WeightRule] = (), quant: QuantConfig | None = None
+) -> list[WeightRule]:
     """Checkpoint rules of the decoder: `extra` (a family's renames), then HF's separate q/k/v and
-    gate/up tensors into our fused linears; with a tied head a saved copy of it is dropped."""
+    gate/up tensors into our fused linears; with a tied head a saved copy of it is dropped; a 4-bit
+    checkpoint's tensor names are renamed onto the quantized layers' parameters."""
     rules = [WeightRule(r"^(model\.)?lm_head\.weight$", None)] if tied_head else []
     return (
         rules
         + list(extra)
+        + (quant.checkpoint_rules() if quant is not None else [])
         + [
             WeightRule(r"rotary_emb\.inv_freq$", None),
             WeightRule(r"\.q_proj\.", ".qkv_proj.", shard="q"),
@@ -103,8 +109,10 @@ class LlamaAttention(nn.Module):
     def __init__(self, spec: DecoderSpec, layer_idx: int, rotary_emb: nn.Module) -> None:
         super().__init__()
         self.q_size = spec.num_heads * spec.head_dim
-        self.qkv_proj = QKVLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias)
-        self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias)
+        self.qkv_proj = QKVLinear(
+            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias, spec.quant
+        )
+        self.o_proj = Linear(self.q_size, spec.hidden_size, spec.o_bias, spec.quant)
         norm_args = (spec.head_dim, spec.rms_norm_eps, spec.norm_weight_offset)
         self.q_norm = RMSNorm(*norm_args) if spec.qk_norm else None
         self.k_norm = RMSNorm(*norm_args) if spec.qk_norm else None
@@ -128,9 +136,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
         inter = spec.intermediate_size
-        self.gate_up_proj = MergedLinear(spec.hidden_size, [inter, inter], spec.mlp_bias)
+        self.gate_up_proj = MergedLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, spec.quant)
         self.act_fn = get_act_and_mul(spec.hidden_act)
-        self.down_proj = Linear(inter, spec.hidden_size, spec.mlp_bias)
+        self.down_proj = Linear(inter, spec.hidden_size, spec.mlp_bias, spec.quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [tokens, hidden] -> [tokens, 2 * inter] -> [tokens, inter] -> [tokens, hidden]
@@ -183,7 +191,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size)
         if self.spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
-        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings, self.checkpoint_rules(hf_config))
+        self.weight_mapping = decoder_weight_rules(
+            self.spec.tie_word_embeddings, self.checkpoint_rules(hf_config), self.spec.quant
+        )
 
     @classmethod
     def spec_from_config(cls, hf_config) -> DecoderSpec:
@@ -206,6 +216,7 @@ class LlamaForCausalLM(nn.Module):
             o_bias=bool(_cfg(hf_config, "attention_bias", default=False)),
             mlp_bias=bool(_cfg(hf_config, "mlp_bias", default=False)),
             tie_word_embeddings=bool(_cfg(hf_config, "tie_word_embeddings", default=False)),
+            quant=quant_config_from_hf(hf_config),
         )
         fields.update(cls.spec_overrides(hf_config))
         return DecoderSpec(**fields)
