@@ -128,16 +128,16 @@ def quantization_config(method: str, group: int, sym: bool, act_order: bool) -> 
             "checkpoint_format": method}  # fmt: skip
 
 
-def write_quantized_llama(out: Path, hf_model, method: str, group: int, sym: bool, act_order: bool):
-    """Save `hf_model` (a transformers Llama) with 4-bit decoder projections in `method`'s layout ("gptq",
-    "gptq_v2", "awq", "compressed-tensors") to `out`; load the dequantized weights into `hf_model` and return
-    it (the reference the loaded checkpoint must match)."""
+def write_quantized_llama(out: Path, hf_model, method: str, group: int, sym: bool, act_order: bool, within: str = ""):
+    """Save `hf_model` (a transformers decoder, or a VLM) with 4-bit decoder projections (those whose name
+    contains `within`) in `method`'s layout ("gptq", "gptq_v2", "awq", "compressed-tensors") to `out`; load the
+    dequantized weights into `hf_model` and return it (the reference the loaded checkpoint must match)."""
     out.mkdir(parents=True, exist_ok=True)
     state = {}
     with torch.no_grad():
         for name, param in hf_model.named_parameters():
             module, _, leaf = name.rpartition(".")
-            if leaf != "weight" or module.rpartition(".")[2] not in PROJECTIONS:
+            if leaf != "weight" or module.rpartition(".")[2] not in PROJECTIONS or within not in module:
                 state[name] = param.detach().clone()
                 continue
             # projections of one input share GPTQ's act-order permutation (their inputs' Hessian is one)
@@ -157,6 +157,6 @@ def write_quantized_llama(out: Path, hf_model, method: str, group: int, sym: boo
     config = hf_model.config.to_dict()
     config["quantization_config"] = quantization_config(method, group, sym, act_order)
     config["dtype"] = "float32"
-    config["architectures"] = ["LlamaForCausalLM"]
+    config["architectures"] = [type(hf_model).__name__]
     (out / "config.json").write_text(json.dumps(config))
     return hf_model

@@ -186,3 +186,22 @@ def test_a_refused_checkpoint_fails_at_load(tmp_path):
     (model_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedQuantizationError, match="awq version 'exllama'"):
         load_model(model_dir, progress=False)
+
+
+def test_a_vlm_checkpoint_quantizes_its_decoder_and_keeps_its_tower(tmp_path):
+    """A LLaVA whose language model is GPTQ-quantized (the config's scheme is top-level): text logits match the
+    transformers LLaVA holding the dequantized decoder; the CLIP tower's projections stay dense."""
+    from transformers import LlavaForConditionalGeneration
+
+    from tests.vision.tiny_vlm import make_tiny_llava
+
+    hf = LlavaForConditionalGeneration.from_pretrained(make_tiny_llava(tmp_path), dtype=torch.float32).eval()
+    reference = write_quantized_llama(tmp_path / "q", hf, "gptq", 32, True, False, within="language_model")
+    model = load_model(tmp_path / "q", progress=False)
+    got = PagedCache(model).step(model, [(0, PROMPT)])
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor([PROMPT])).logits[0]
+    assert float((got - want).abs().max() / want.abs().max()) < RTOL
+    assert model.language_model.model.layers[0].mlp.down_proj.qweight.dtype == torch.int32
+    dense = [n for n, p in model.named_parameters() if "language_model" not in n and p.dtype != torch.float32]
+    assert dense == []
