@@ -205,3 +205,27 @@ def test_a_vlm_checkpoint_quantizes_its_decoder_and_keeps_its_tower(tmp_path):
     assert model.language_model.model.layers[0].mlp.down_proj.qweight.dtype == torch.int32
     dense = [n for n, p in model.named_parameters() if "language_model" not in n and p.dtype != torch.float32]
     assert dense == []
+
+
+def test_the_engine_serves_a_gptq_checkpoint_greedily_as_the_dequantized_model(tmp_path):
+    """LLM over a GPTQ act-order checkpoint (with a tokenizer beside it): 12 greedy tokens (paged prefill, then
+    decode steps) equal transformers' greedy continuation with the dequantized weights."""
+    from transformers import LlamaForCausalLM
+
+    from tests.llm.tiny import hf_greedy, make_tokenizer, tiny_llama_config
+    from vlchat.llm import LLM, SamplingParams
+
+    torch.manual_seed(4)
+    hf = LlamaForCausalLM(tiny_llama_config()).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3 if "embed" in name else 0.15)
+    reference = write_quantized_llama(tmp_path / "gptq", hf, "gptq", 32, False, True)
+    make_tokenizer().save_pretrained(tmp_path / "gptq")
+    llm = LLM(str(tmp_path / "gptq"), dtype="float32", device="cpu", num_blocks=64)
+    try:
+        out = llm.generate([PROMPT[:10]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    finally:
+        llm.close()
+    assert out[0].token_ids == hf_greedy(reference, PROMPT[:10], 12)
