@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlchat.kernels.ops.quant_linear import GROUP_SIZES, pack_int4
+from vlchat.kernels.ops.quant_linear import GROUP_SIZES, pack_int4, w4a16_linear
 from vlchat.llm.errors import ModelLoadError
 from vlchat.llm.weights import WeightRule
 
@@ -80,6 +80,17 @@ class QuantConfig:
             shapes["g_idx"] = ((in_features,), torch.int32)
         return shapes
 
+    def buffer_shapes(self, in_features: int, out_features: int) -> dict:
+        return {}
+
+    def shard_dim(self, role: str) -> int:
+        """The dimension along which a fused layer's pieces lie (the output columns)."""
+        return 1
+
+    def forward(self, layer, rows: torch.Tensor) -> torch.Tensor:
+        # rows: [tokens, in_features] -> [tokens, out_features]
+        return w4a16_linear(rows, layer.qweight, layer.scales, layer.zeros, layer.g_idx, self.group_size, layer.bias)
+
     def checkpoint_rules(self) -> list[WeightRule]:
         """Renames of the format's tensor names onto the layer's parameters (and drops of what it does not use)."""
         if self.method == "compressed-tensors":
@@ -95,8 +106,11 @@ class QuantConfig:
             rules.append(WeightRule(r"\.g_idx$", None))  # k // group without desc_act
         return rules
 
-    def to_kernel_layout(self, role: str, tensor: torch.Tensor) -> torch.Tensor:
-        """One checkpoint tensor (a whole layer or one piece of a fused one) in the kernel's layout."""
+    def to_kernel_layout(self, role: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One checkpoint tensor (a whole layer or one piece of a fused one) in the kernel's layout, by role."""
+        return {role: self._convert(role, tensor)}
+
+    def _convert(self, role: str, tensor: torch.Tensor) -> torch.Tensor:
         if role == "g_idx":
             return tensor.to(torch.int32)
         if self.method == "gptq":  # qweight is the kernel's layout already

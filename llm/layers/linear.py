@@ -4,10 +4,11 @@ A fused layer runs one GEMM for what the checkpoint stores as several matrices
 (q/k/v, gate/up). Its parameters carry `weight_loader(param, tensor, shard)`
 placing one piece at its rows, and `shards`, the pieces a complete load needs.
 
-Built with a `QuantConfig` (llm/quantization.py), a layer holds 4-bit codes instead of `weight`: `qweight`,
-`scales`, and where the format has them `zeros` and `g_idx`, in the W4A16 kernel's layout (output columns last,
-so a piece of a fused layer fills columns, not rows). The loader converts each checkpoint tensor to that layout;
-the pieces of a fused layer share one g_idx (they read the same input), and a piece with another is refused.
+Built with a quantization config (llm/quantization.py, llm/quant_fp8.py), a layer holds the parameters the
+config names in its kernel's layout instead of a 16-bit `weight`, converts each checkpoint tensor to that layout
+(`to_kernel_layout`) and runs the config's product (`forward`). A fused layer's pieces lie along the config's
+`shard_dim` (the 4-bit codes keep the output columns last); a one-value (per-tensor) scale fills its piece; the
+pieces of a fused layer share one g_idx (they read the same input), and a piece with another is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from torch import nn
 
 from vlchat.kernels.ops import linear
 from vlchat.kernels.ops.linear import GEMV_MAX_TOKENS
-from vlchat.kernels.ops.quant_linear import w4a16_linear
 
 
 def copy_weight(param: torch.Tensor, loaded: torch.Tensor, what: str = "") -> None:
@@ -51,6 +51,8 @@ class Linear(nn.Module):
                 param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
                 param.quant_role = role
                 setattr(self, role, param)
+            for role, (shape, dtype) in quant.buffer_shapes(in_features, out_features).items():
+                self.register_buffer(role, torch.empty(shape, dtype=dtype))  # filled with the weight it belongs to
             self._g_idx_pieces: set = set()
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         for p in self._own_params():
@@ -70,7 +72,8 @@ class Linear(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard=None) -> None:
         role = getattr(param, "quant_role", None)
         if role is not None:
-            self._load_quantized(param, role, self.quant.to_kernel_layout(role, loaded), shard)
+            for part, tensor in self.quant.to_kernel_layout(role, loaded).items():
+                self._load_quantized(part, tensor, shard)
             return
         if shard is None:
             copy_weight(param, loaded)
@@ -78,27 +81,28 @@ class Linear(nn.Module):
         start, end = self.shard_range(shard)
         copy_weight(param.data[start:end], loaded, f"of piece {shard!r}")
 
-    def _load_quantized(self, param: nn.Parameter, role: str, loaded: torch.Tensor, shard) -> None:
+    def _load_quantized(self, role: str, loaded: torch.Tensor, shard) -> None:
+        target = getattr(self, role)
         if role == "g_idx":  # one input, one row order: every piece must bring the same g_idx
-            if self._g_idx_pieces and not torch.equal(param.data, loaded.to(param.device)):
+            if self._g_idx_pieces and not torch.equal(target.data, loaded.to(target.device)):
                 raise ValueError(f"piece {shard!r} has another g_idx than the pieces before it of this fused layer")
-            copy_weight(param, loaded)
+            copy_weight(target, loaded)
             self._g_idx_pieces.add(shard)
             return
-        if shard is None:
-            copy_weight(param, loaded)
-            return
-        start, end = self.shard_range(shard)
-        copy_weight(param.data[:, start:end], loaded, f"of piece {shard!r}")
+        dst = target.data
+        if shard is not None:
+            start, end = self.shard_range(shard)
+            dst = dst.narrow(self.quant.shard_dim(role), start, end - start)
+        if loaded.numel() == 1 and dst.numel() > 1:  # a per-tensor scale: every row of the piece takes it
+            loaded = loaded.reshape(()).expand(dst.shape)
+        copy_weight(dst, loaded, f"of piece {shard!r}" if shard is not None else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] -> [..., out_features]; a graph-captured decode step's one row takes the GEMV.
         # More rows run the GEMM whatever the backend (kernels.ops.linear): called here without the dispatch's
         # host cost (4 us a call on the H200's host)
         if self.quant is not None:
-            rows = x.reshape(-1, self.in_features)
-            y = w4a16_linear(rows, self.qweight, self.scales, self.zeros, self.g_idx, self.quant.group_size, self.bias)
-            return y.view(*x.shape[:-1], self.out_features)
+            return self.quant.forward(self, x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
         if x.numel() > GEMV_MAX_TOKENS * self.in_features:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)

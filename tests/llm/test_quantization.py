@@ -101,11 +101,11 @@ def test_loaded_compressed_tensors_weights_equal_the_librarys_decompression(tmp_
         packed = ct_tensors(q, 32, sym)
         theirs = PackedQuantizationCompressor.decompress(dict(packed), ct_scheme(32, sym))["weight"]
         config = QuantConfig("compressed-tensors", 32, has_zeros=not sym, act_order=False)
-        zeros = config.to_kernel_layout("zeros", packed["weight_zero_point"]) if not sym else None
-        ours = dequantize_w4(
-            config.to_kernel_layout("qweight", packed["weight_packed"]),
-            config.to_kernel_layout("scales", packed["weight_scale"]), zeros, None, 32,
-        )  # fmt: skip
+        layout = {"qweight": packed["weight_packed"], "scales": packed["weight_scale"]}
+        if not sym:
+            layout["zeros"] = packed["weight_zero_point"]
+        ours = {role: config.to_kernel_layout(role, t)[role] for role, t in layout.items()}
+        ours = dequantize_w4(ours["qweight"], ours["scales"], ours.get("zeros"), None, 32)
         assert torch.equal(ours, theirs.to(torch.float32)), sym
         assert torch.equal(ours, q.dequantized)
 
