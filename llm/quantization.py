@@ -1,5 +1,6 @@
-"""4-bit weight-only checkpoints (W4A16): what a config's `quantization_config` asks for, and how each published
-format's tensors become the one layout the kernel reads (kernels/ops/quant_linear.py).
+"""Quantized checkpoints: what a config's `quantization_config` asks for (`quant_config_from_hf`), and for 4-bit
+weight-only ones (W4A16) how each published format's tensors become the one layout the kernel reads
+(kernels/ops/quant_linear.py). FP8 checkpoints are read by llm/quant_fp8.py.
 
 Formats, as Hugging Face checkpoints store one quantized `nn.Linear` of weight [N, K] with group size G:
 
@@ -36,7 +37,9 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 SUPPORTED = (
     "4-bit weight-only (W4A16) checkpoints with group size 32, 64 or 128: quant_method 'gptq' (checkpoint_format "
     "gptq or gptq_v2, sym or asym, with or without desc_act), 'awq' (version gemm, zero_point true) and "
-    "'compressed-tensors' (format pack-quantized, int weights, strategy group, no activation quantization)"
+    "'compressed-tensors' (format pack-quantized, int weights, strategy group, no activation quantization); "
+    "and FP8 W8A8 checkpoints: quant_method 'fp8' (e4m3, activation_scheme dynamic) and 'compressed-tensors' "
+    "(format float-quantized, channel or tensor weight scales, dynamic per-token activations)"
 )
 # decoder projections, as checkpoints name them: a config that leaves one of these unquantized is refused
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -153,8 +156,11 @@ def _plain(quantization_config) -> dict:
     return dict(quantization_config)
 
 
-def quant_config_from_hf(hf_config) -> QuantConfig | None:
-    """The checkpoint's 4-bit scheme, None for an unquantized one; anything else is refused with the reason."""
+def quant_config_from_hf(hf_config):
+    """The checkpoint's scheme (a QuantConfig, or an Fp8Config from llm/quant_fp8.py), None for an unquantized
+    one; anything else is refused with the reason."""
+    from vlchat.llm import quant_fp8
+
     raw = getattr(hf_config, "quantization_config", None)
     if raw is None:
         return None
@@ -164,9 +170,21 @@ def quant_config_from_hf(hf_config) -> QuantConfig | None:
         return _gptq(cfg)
     if method == "awq":
         return _awq(cfg)
+    if method == "fp8":
+        if cfg.get("vlchat_at_load"):
+            return quant_fp8.Fp8Config(from_dense=True)
+        return quant_fp8.read_fp8_method(cfg, _refuse)
     if method == "compressed-tensors":
+        groups = list((cfg.get("config_groups") or {}).values())
+        if groups and all((g.get("format") or cfg.get("format")) == "float-quantized" for g in groups):
+            _check_unquantized(cfg.get("ignore"), "ignore")
+            return quant_fp8.read_ct_fp8(groups, _refuse)
         return _compressed_tensors(cfg)
     raise UnsupportedQuantizationError(f"quant_method {method or None!r} is not supported")
+
+
+def _refuse(what: str):
+    raise UnsupportedQuantizationError(what)
 
 
 def _check_bits(bits, method: str) -> None:

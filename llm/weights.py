@@ -202,7 +202,12 @@ def resolve_dtype(hf_config, dtype: str | torch.dtype | None = None) -> torch.dt
 
 
 def load_model(
-    model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True, hf_config=None
+    model_dir: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device="cpu",
+    progress=True,
+    hf_config=None,
+    quantization: str | None = None,
 ):
     """Build the model class registered for the directory's architecture and load its weights.
 
@@ -211,6 +216,7 @@ def load_model(
         dtype: None/"auto" takes the config's dtype; else float32, float16 or bfloat16.
         device: where the parameters are allocated.
         hf_config: the directory's config when the caller has read it already.
+        quantization: "fp8" quantizes a 16-bit checkpoint's decoder projections to FP8 at load (llm/quant_fp8.py).
 
     Returns:
         The model in eval mode; its `hf_config` and `dtype` attributes say what it was built from.
@@ -218,13 +224,24 @@ def load_model(
     from vlchat.llm.models.registry import get_model_class
 
     hf_config = hf_config if hf_config is not None else load_hf_config(model_dir)
-    model_cls = get_model_class(hf_config)
+    build_config = hf_config
+    if quantization is not None:
+        from vlchat.llm.quant_fp8 import QUANTIZE_AT_LOAD, with_fp8_at_load
+
+        if quantization != QUANTIZE_AT_LOAD:
+            raise InvalidRequestError(f"unknown quantization {quantization!r}; use {QUANTIZE_AT_LOAD!r} or none")
+        if getattr(hf_config, "quantization_config", None) is not None or is_gguf_file(model_dir):
+            raise InvalidRequestError(
+                f"{model_dir} is quantized already; serve it without --quantization, or pass a 16-bit checkpoint"
+            )
+        build_config = with_fp8_at_load(hf_config)
+    model_cls = get_model_class(build_config)
     torch_dtype = resolve_dtype(hf_config, dtype)
     previous = torch.get_default_dtype()
     try:
         torch.set_default_dtype(torch_dtype)
         with torch.device(device):
-            model = model_cls(hf_config, torch_dtype)
+            model = model_cls(build_config, torch_dtype)
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, model_dir, progress=progress)

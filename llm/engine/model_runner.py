@@ -75,7 +75,9 @@ class ModelRunner:
         self.dtype = pick_dtype(hf_config, config.dtype, self.device, bf16)
         self.block_size = config.cache.block_size
         self.max_model_len = max_model_len
-        self.model = load_model(config.model, self.dtype, self.device, progress=False, hf_config=hf_config)
+        self.model = load_model(
+            config.model, self.dtype, self.device, progress=False, hf_config=hf_config, quantization=config.quantization
+        )
         extend_rope_tables(self.model, max_model_len)  # an override may exceed the config's length
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]

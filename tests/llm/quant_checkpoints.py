@@ -160,3 +160,58 @@ def write_quantized_llama(out: Path, hf_model, method: str, group: int, sym: boo
     config["architectures"] = [type(hf_model).__name__]
     (out / "config.json").write_text(json.dumps(config))
     return hf_model
+
+
+def fp8_fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
+    """Per-token dynamic FP8 (e4m3) quantization of activations, back in fp32: the W8A8 schemes' input side."""
+    scale = x.abs().amax(-1, keepdim=True) / 448.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (x / scale).to(torch.float8_e4m3fn).to(torch.float32) * scale
+
+
+def fake_quantize_inputs(hf_model) -> None:
+    """Make every decoder projection of `hf_model` quantize its input per token as W8A8 kernels do."""
+    for name, module in hf_model.named_modules():
+        if name.rpartition(".")[2] in PROJECTIONS:
+            module.register_forward_pre_hook(lambda mod, args: (fp8_fake_quant_rows(args[0]),))
+
+
+def write_fp8_llama(out: Path, hf_model, method: str):
+    """Save `hf_model` with FP8 decoder projections: "fp8" (AutoFP8: one scale per tensor, written here) or
+    "compressed-tensors" (FP8_DYNAMIC, one scale per row, written by that library). Returns `hf_model` holding the
+    dequantized weights and quantizing its projections' inputs per token (the reference)."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    if method == "compressed-tensors":
+        from compressed_tensors.compressors import FloatQuantizationCompressor
+        from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+        scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            module, _, leaf = name.rpartition(".")
+            if leaf != "weight" or module.rpartition(".")[2] not in PROJECTIONS:
+                state[name] = param.detach().clone()
+                continue
+            if method == "fp8":
+                scale = param.abs().max() / 448.0
+                tensors = {"weight": (param / scale).to(torch.float8_e4m3fn), "weight_scale": scale.reshape(())}
+                dequantized = tensors["weight"].float() * scale
+            else:
+                scale = param.abs().amax(1, keepdim=True) / 448.0  # [N, 1]
+                tensors = dict(FloatQuantizationCompressor.compress({"weight": param, "weight_scale": scale}, scheme))
+                dequantized = tensors["weight"].float() * tensors["weight_scale"].float()
+            param.copy_(dequantized)
+            state.update({f"{module}.{k}": v.contiguous() for k, v in tensors.items()})
+    save_file(state, out / "model.safetensors")
+    config = hf_model.config.to_dict()
+    if method == "fp8":
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    else:
+        qc = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized", ignore=["lm_head"])
+        config["quantization_config"] = qc.to_dict()
+    config["dtype"] = "float32"
+    config["architectures"] = [type(hf_model).__name__]
+    (out / "config.json").write_text(json.dumps(config))
+    fake_quantize_inputs(hf_model)
+    return hf_model
