@@ -96,9 +96,34 @@ def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat
 
 
 def _random_fill(model, model_dir, rules=None, progress=True):
+    """Random values of each parameter's kind: weights ~ N(0, 0.02) (as FP8 codes with their row scales, or
+    random 4-bit codes, scales and zeros in the W4A16 layout), norms and biases 1, act-order groups in order."""
     with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+        for name, p in model.named_parameters():
+            leaf = name.rpartition(".")[2]
+            if p.dtype == torch.float8_e4m3fn:
+                p.copy_((torch.randn(p.shape, device=p.device) * 100).clamp(-448, 448).to(p.dtype))
+            elif leaf == "g_idx":
+                p.copy_(torch.arange(p.numel(), device=p.device) // (p.numel() // model_groups(model, name)))
+            elif p.dtype == torch.int32:
+                p.random_(-(2**31), 2**31 - 1)
+            elif p.dtype == torch.uint8:
+                p.random_(0, 16)
+            elif leaf == "weight_scale":
+                p.fill_(0.02 * 4 / 448)
+            elif leaf == "scales":
+                p.fill_(0.02 / 4)
+            else:
+                p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+        for name, b in model.named_buffers():
+            if name.endswith(".weight_scale"):  # FP8 quantized at load: the scales are buffers
+                b.fill_(0.02 * 4 / 448)
+
+
+def model_groups(model, g_idx_name: str) -> int:
+    """The group count of the layer owning a g_idx parameter (its scales' rows)."""
+    layer = model.get_submodule(g_idx_name.rpartition(".")[0])
+    return layer.scales.shape[0]
 
 
 @contextlib.contextmanager
