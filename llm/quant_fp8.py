@@ -53,6 +53,9 @@ class Fp8Config:
     def checkpoint_rules(self) -> list[WeightRule]:
         return []
 
+    def finish(self, layer) -> None:
+        pass
+
     def to_kernel_layout(self, role: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         if role == "weight_scale":
             return {"weight_scale": tensor.to(torch.float32).reshape(-1)}

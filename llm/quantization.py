@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlchat.kernels.ops.quant_linear import GROUP_SIZES, pack_int4, w4a16_linear
+from vlchat.kernels.ops.quant_linear import GROUP_SIZES, pack_int4, unpack_int4, w4a16_linear
 from vlchat.llm.errors import ModelLoadError
 from vlchat.llm.weights import WeightRule
 
@@ -91,8 +91,27 @@ class QuantConfig:
         return 1
 
     def forward(self, layer, rows: torch.Tensor) -> torch.Tensor:
-        # rows: [tokens, in_features] -> [tokens, out_features]
+        # rows: [tokens, in_features] -> [tokens, out_features]; act-order layers regrouped at load read their
+        # input columns in the order of their sorted rows
+        perm = getattr(layer, "input_order", None)
+        if perm is not None:
+            rows = rows[:, perm]
         return w4a16_linear(rows, layer.qweight, layer.scales, layer.zeros, layer.g_idx, self.group_size, layer.bias)
+
+    def finish(self, layer) -> None:
+        """Once loaded, an act-order layer whose groups each hold `group_size` input rows is regrouped: its rows
+        sorted by group (codes repacked), the order kept as `input_order` and g_idx dropped, so the kernel reads one
+        row of scales per K step instead of gathering them per row. Other g_idx stay as loaded."""
+        if layer.g_idx is None:
+            return
+        g_idx = layer.g_idx.data
+        order = torch.sort(g_idx.to(torch.int64), stable=True).indices
+        k = g_idx.numel()
+        if not torch.equal(g_idx[order].long(), torch.arange(k, device=g_idx.device) // self.group_size):
+            return
+        layer.qweight.data = pack_int4(unpack_int4(layer.qweight.data)[order])
+        layer.register_buffer("input_order", order)
+        layer.g_idx = None
 
     def checkpoint_rules(self) -> list[WeightRule]:
         """Renames of the format's tensor names onto the layer's parameters (and drops of what it does not use)."""

@@ -130,6 +130,11 @@ def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule
     """Fill every parameter of `model` from the checkpoint in `model_dir` (see the module docstring)."""
     rules = list(getattr(model, "weight_mapping", [])) if rules is None else rules
     load_tensors(model, _checkpoint_tensors(model_dir, progress), rules, where=str(model_dir))
+    with torch.no_grad():
+        for module in model.modules():  # layers that re-lay their tensors once all are in (quantized ones)
+            finish = getattr(module, "finish_loading", None)
+            if finish is not None:
+                finish()
 
 
 def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], rules: list[WeightRule], where: str):

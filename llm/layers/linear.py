@@ -97,6 +97,11 @@ class Linear(nn.Module):
             loaded = loaded.reshape(()).expand(dst.shape)
         copy_weight(dst, loaded, f"of piece {shard!r}" if shard is not None else "")
 
+    def finish_loading(self) -> None:
+        """Called once every checkpoint tensor is in (llm/weights.py): the quantization config may re-lay them."""
+        if self.quant is not None:
+            self.quant.finish(self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] -> [..., out_features]; a graph-captured decode step's one row takes the GEMV.
         # More rows run the GEMM whatever the backend (kernels.ops.linear): called here without the dispatch's

@@ -31,10 +31,14 @@ class Quantized:
     dequantized: torch.Tensor  # [N, K] fp32: (codes - zeros[:, g]) * scales[:, g]
 
 
-def quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool, seed: int = 0) -> Quantized:
+def quantize(w: torch.Tensor, group: int, sym: bool, act_order: bool | str, seed: int = 0) -> Quantized:
     n, k = w.shape
-    if act_order:  # GPTQ's desc_act: groups follow a permutation of the input rows
-        perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed)
+    if act_order == "irregular":  # groups of unequal sizes (no regrouping into runs of `group` rows exists)
+        g_idx = torch.cat([torch.arange(k // group), torch.randint(0, k // group, (k - k // group,), generator=gen)])
+        g_idx = g_idx[torch.randperm(k, generator=gen)].to(torch.int32)
+    elif act_order:  # GPTQ's desc_act: groups follow a permutation of the input rows
+        perm = torch.randperm(k, generator=gen)
         g_idx = (torch.argsort(perm) // group).to(torch.int32)
     else:
         g_idx = (torch.arange(k) // group).to(torch.int32)
@@ -124,7 +128,7 @@ def quantization_config(method: str, group: int, sym: bool, act_order: bool) -> 
         return ct_config(group, sym)
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
-    return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": sym,
+    return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": bool(act_order), "sym": sym,
             "checkpoint_format": method}  # fmt: skip
 
 

@@ -56,6 +56,7 @@ def _check_logits(model_dir, reference) -> torch.nn.Module:
 CASES = [  # (method, group, sym, act_order)
     ("gptq", 128, True, False),
     ("gptq", 32, False, True),
+    ("gptq", 64, True, "irregular"),
     ("gptq_v2", 64, False, False),
     ("awq", 64, False, False),
     ("awq", 128, False, False),
@@ -71,7 +72,9 @@ def test_quantized_checkpoint_matches_the_dequantized_model(tmp_path, method, gr
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight is None and qkv.qweight.dtype == torch.int32 and qkv.qweight.shape == (128 // 8, 256)
     assert (qkv.zeros is None) == (method == "compressed-tensors" and sym)
-    assert (qkv.g_idx is None) == (not act_order)
+    # act-order layers are regrouped at load (rows sorted by group) unless their groups differ in size
+    assert (qkv.g_idx is not None) == (act_order == "irregular")
+    assert (getattr(qkv, "input_order", None) is not None) == (act_order is True)
     assert model.lm_head.weight.dtype == torch.float32  # the head stays 16/32-bit
 
 
@@ -156,7 +159,7 @@ def _ct(**weights) -> dict:
     "config, message",
     [
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
-        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "quant_method 'fp8'"),
+        ({"quant_method": "hqq", "nbits": 4}, "quant_method 'hqq'"),
         ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "gptq with 8-bit"),
         ({"quant_method": "gptq", "bits": 4, "group_size": -1}, "group size -1"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "format 'marlin'"),
@@ -167,9 +170,9 @@ def _ct(**weights) -> dict:
         (_ct(type="float", num_bits=8), "float weights"),
         (_ct(strategy="channel", group_size=None), "strategy 'channel'"),
         (_ct(num_bits=8), "compressed-tensors with 8-bit"),
-        ({**ct_config(128, True), "format": "float-quantized"}, "format 'float-quantized'"),
+        ({**ct_config(128, True), "format": "marlin-24"}, "format 'marlin-24'"),
     ],
-    ids=["bnb", "fp8", "gptq-8bit", "per-channel", "marlin", "lm-head", "awq-gemv", "awq-skip", "ct-fp8",
+    ids=["bnb", "hqq", "gptq-8bit", "per-channel", "marlin", "lm-head", "awq-gemv", "awq-skip", "ct-fp8",
          "ct-channel", "ct-8bit", "ct-format"],
 )  # fmt: skip
 def test_unsupported_configs_are_refused_naming_what_runs(config, message):
