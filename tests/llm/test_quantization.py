@@ -232,3 +232,52 @@ def test_the_engine_serves_a_gptq_checkpoint_greedily_as_the_dequantized_model(t
     finally:
         llm.close()
     assert out[0].token_ids == hf_greedy(reference, PROMPT[:10], 12)
+
+
+def test_an_awq_qwen2_with_biases_and_a_tied_head(tmp_path):
+    """Qwen2's q/k/v biases stay 16-bit beside the 4-bit codes; its tied head stays the embedding."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.llm.test_models import _config, _randomize
+
+    config = _config("qwen2")
+    config._attn_implementation = "eager"
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    _randomize(hf, seed=7)
+    reference = write_quantized_llama(tmp_path / "awq", hf, "awq", 32, False, False)
+    model = _check_logits(tmp_path / "awq", reference)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.qweight.dtype == torch.int32 and qkv.bias.dtype == torch.float32
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("method", ["gptq", "awq", "compressed-tensors", "fp8"])
+def test_a_quantized_model_decodes_the_same_from_cuda_graphs_as_eagerly(tmp_path, method):
+    """fp16 on the GPU: the W4A16 kernel (split-k decode rows, GEMM prefill) or FP8 captured into the engine's
+    decode graphs gives the eager run's greedy tokens."""
+    from tests.llm.quant_checkpoints import write_fp8_llama
+    from tests.llm.tiny import make_tokenizer
+    from vlchat.kernels import dispatch
+    from vlchat.kernels.ops import fp8_linear, quant_linear
+    from vlchat.llm import LLM, SamplingParams
+
+    op = fp8_linear.OP if method == "fp8" else quant_linear.OP
+    if dispatch.choose(op, torch.float16) != "triton":
+        pytest.skip(f"{op} runs its reference on this GPU")
+    hf = _hf_llama(5)
+    if method == "fp8":
+        write_fp8_llama(tmp_path / method, hf, "fp8")
+    else:
+        write_quantized_llama(tmp_path / method, hf, method, 64, method != "awq", method == "gptq")
+    make_tokenizer().save_pretrained(tmp_path / method)
+    prompts = [PROMPT[:7], PROMPT[3:20], [5] * 40]
+    tokens = {}
+    for eager in (True, False):
+        llm = LLM(str(tmp_path / method), dtype="float16", device="cuda", enforce_eager=eager, cache_fraction=0.1)
+        try:
+            outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+        finally:
+            llm.close()
+        tokens[eager] = [o.token_ids for o in outs]
+    assert tokens[True] == tokens[False]
