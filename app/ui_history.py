@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from vlchat.app.api.protocol import ChatMessage, ImagePart
 from vlchat.app.errors import AppError
 from vlchat.app.generation import engine_message
-from vlchat.app.media import decode_data_url, decode_image, load_image
+from vlchat.app.media import decode_data_url, decode_image, load_image, load_images
 from vlchat.app.settings import MediaLimits
 
 # Appended to an answer that stopped at max new tokens; never sent back to the model.
@@ -117,9 +117,10 @@ def engine_messages(history: Sequence[dict], system_prompt: str, limits: MediaLi
             "Start a new chat (or remove images with Undo)."
         )
     messages = [{"role": "system", "content": system_prompt.strip()}] if system_prompt.strip() else []
+    paths = [p for _, parts in turns for p in parts if isinstance(p, Path)]
+    images = iter(load_images(paths, limits, trusted_path=True))  # one request: its pixel budget covers them all
     for role, parts in turns:
-        loaded = [load_image(p, limits, trusted_path=True) if isinstance(p, Path) else p for p in parts]
-        messages.append(engine_message(role, loaded))
+        messages.append(engine_message(role, [next(images) if isinstance(p, Path) else p for p in parts]))
     return messages
 
 

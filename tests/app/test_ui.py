@@ -38,6 +38,16 @@ def test_conversation_limits():
         conversation({"text": "  ", "files": []}, [], "", MediaLimits())
 
 
+def test_a_conversations_images_share_the_request_pixel_budget():
+    """The UI sends a whole conversation as one request: its images together are held to max_request_pixels."""
+    history = [{"role": "user", "content": [file_part(ONE)]}, {"role": "assistant", "content": "A square."}]
+    one = conversation({"text": "And this?", "files": [ONE]}, [], "", MediaLimits())[0]["content"][0]["image"]
+    limits = MediaLimits(max_request_pixels=2 * one.width * one.height - 1)
+    assert conversation({"text": "And this?", "files": [ONE]}, [], "", limits)
+    with pytest.raises(AppError, match="pixels together"):
+        conversation({"text": "And this?", "files": [TWO]}, history, "", limits)
+
+
 def test_respond_streams_and_turns_bad_files_into_warnings(tiny_engine, tmp_path):
     respond = make_respond(tiny_engine, ServerConfig())
 
