@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import math
 import os
@@ -158,32 +159,31 @@ def open_bytes(data: bytes, limits: MediaLimits) -> Image.Image:
         raise MediaError("the image is empty (0 bytes)")
     if len(data) > limits.max_image_bytes:
         raise MediaError(f"the image is larger than the {limits.max_image_bytes} byte limit")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=FORMATS)
-            return _check_pixels(image, limits)  # before decoding a single pixel
-    except MediaError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise MediaError(f"the image has more than {limits.max_image_pixels} pixels") from None
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise MediaError(f"the data is not a readable image ({_reason(exc)})") from None
+    with _image_errors(limits):
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+        return _check_pixels(image, limits)  # before decoding a single pixel
 
 
 def decode_opened(image: Image.Image, limits: MediaLimits) -> Image.Image:
     """Decode an image from `open_image` within the server's decode budget; RGB, at most max_working_pixels."""
     target = working_size(image.size, limits.max_working_pixels)
+    with _image_errors(limits):
+        if getattr(image, "fp", None) is not None:  # not decoded yet (a PIL image passed in may be)
+            image.seek(0)  # animated images: the first frame
+            if image.format == "JPEG" and target != image.size:
+                image.draft(None, target)  # decodes at 1/2, 1/4 or 1/8 scale, still covering target
+        with limits.decoding.reserve(decode_cost(image, target)):
+            _load_strict(image)
+            return to_rgb(shrink(image, target))
+
+
+@contextlib.contextmanager
+def _image_errors(limits: MediaLimits):
+    """Pillow's errors while opening or decoding become MediaErrors that say why (a bomb warning counts as one)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            if getattr(image, "fp", None) is not None:  # not decoded yet (a PIL image passed in may be)
-                image.seek(0)  # animated images: the first frame
-                if image.format == "JPEG" and target != image.size:
-                    image.draft(None, target)  # decodes at 1/2, 1/4 or 1/8 scale, still covering target
-            with limits.decoding.reserve(decode_cost(image, target)):
-                _load_strict(image)
-                return to_rgb(shrink(image, target))
+            yield
     except MediaError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
