@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # Nothing may reach a hub or phone home from the tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -18,3 +20,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def demo_server():
+    """The app over the shipped demo model, whose greedy answers about the example images are known."""
+    from tests.app.live import demo_choice, start_engine, start_server
+
+    choice = demo_choice()
+    engine = start_engine(choice.path, max_model_len=1024)
+    server = start_server(engine, choice)
+    yield server
+    server.stop()
+    engine.shutdown()

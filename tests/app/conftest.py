@@ -50,16 +50,3 @@ def locked_server(tiny_engine, tiny_choice, media_root):
     )
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def demo_server():
-    """The app over the shipped demo model, whose greedy answers about the example images are known."""
-    from tests.app.live import demo_choice
-
-    choice = demo_choice()
-    engine = start_engine(choice.path, max_model_len=1024)
-    server = start_server(engine, choice)
-    yield server
-    server.stop()
-    engine.shutdown()

@@ -43,6 +43,17 @@ class LiveServer:
         self._sock.close()
 
 
+def wait_until(predicate, timeout: float, what: str):
+    """Poll predicate until it returns something truthy (returned) or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def demo_choice() -> ModelChoice:
     return resolve_model(None)
 

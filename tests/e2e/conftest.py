@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.app.live import demo_choice, start_engine, start_server
+from tests.app.live import start_engine, start_server
 from tests.vision.tiny_vlm import make_tiny_llava
 from vlchat.app.model_choice import EXAMPLES, ModelChoice
 
@@ -28,14 +28,3 @@ def ui_server(long_engine):
     server = start_server(long_engine, choice, sampling_defaults={"ignore_eos": True})
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def demo_server():
-    """The app over the shipped demo model (greedy answers about the example images are known)."""
-    choice = demo_choice()
-    engine = start_engine(choice.path, max_model_len=1024)
-    server = start_server(engine, choice)
-    yield server
-    server.stop()
-    engine.shutdown()

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.app.live import wait_until
 from tests.e2e.conftest import BROWSER_ARGS, CHROMIUM
 from vlchat.app.model_choice import EXAMPLES
 
@@ -12,16 +13,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (apt-get install chromium)"),
 ]
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_attach_ask_stream_and_stop(ui_server, long_engine, tmp_path):

@@ -5,10 +5,10 @@ chat shows. Each step is a reproduction from issue 46.
 """
 
 import os
-import time
 
 import pytest
 
+from tests.app.live import wait_until
 from tests.e2e.conftest import BROWSER_ARGS, CHROMIUM
 from vlchat.app.model_choice import EXAMPLES
 
@@ -18,16 +18,6 @@ pytestmark = [
 ]
 
 ONE, TWO_CIRCLES, THREE = (str(EXAMPLES / n) for n in ("one-shape.png", "two-circles.png", "three-shapes.png"))
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
