@@ -7,7 +7,15 @@ import sys
 
 from vlchat.app import __version__
 from vlchat.app.errors import is_user_error
-from vlchat.app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerConfig, parse_auth, read_env
+from vlchat.app.settings import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    MediaLimits,
+    ServerConfig,
+    parse_auth,
+    read_chat_template,
+    read_env,
+)
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
@@ -60,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(never link-local); by default only public addresses are fetched from")  # fmt: skip
     serve.add_argument("--allowed-local-media-path", metavar="DIR", help="let requests name image files inside DIR")
     serve.add_argument("--max-images", type=int, default=8, help="images per request at most (default: 8)")
+    serve.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use instead of the model's")
+    serve.add_argument("--cors-origins", metavar="ORIGIN", nargs="+", default=[],
+                       help="browser origins allowed to call the API besides the server's own "
+                       "(e.g. https://app.example.com; default: none)")  # fmt: skip
 
     chat = sub.add_parser("chat", help="chat in the terminal (/image PATH, /reset, /exit)")
     _add_engine_options(chat)
@@ -99,6 +111,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         media=media,
         analytics_enabled=(env["gradio_analytics"] or "").lower() in ("1", "true"),
         engine_options=engine_options(args),
+        chat_template=read_chat_template(args.chat_template),
+        cors_origins=tuple(args.cors_origins),
     )
 
 

@@ -56,7 +56,8 @@ async def stream_outputs(
     engine, request_id: str, prompt, params: SamplingParams, stream: bool = True, mm: dict | None = None
 ) -> AsyncIterator:
     """Yield the engine's RequestOutputs (`stream=False`: the final one only); abort the request when the consumer
-    stops before it finished. `mm`: the engine's per-request image options (`mm_options`)."""
+    stops before it finished. `mm`: the engine's per-request prompt options (`mm_options`; the API adds tools and
+    chat_template)."""
     finished = False
     try:
         async for output in engine.generate(request_id, prompt, params, mm_options=mm, stream=stream):

@@ -11,11 +11,13 @@ import sys
 import threading
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from vlchat.app import __version__
 from vlchat.app.api.errors import body_too_large, install_error_handlers
-from vlchat.app.api.routes import build_router
+from vlchat.app.api.metrics import MeteredEngine, Metrics
+from vlchat.app.api.routes import build_extra_router, build_router
 from vlchat.app.errors import ConfigError
 from vlchat.app.head_guard import HeadGuard
 from vlchat.app.heap import return_large_frees_to_the_system
@@ -74,7 +76,10 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
     else:  # the schema and docs are served by the router, behind the key like every /v1 route
         app = FastAPI(title="vlchat", version=__version__, docs_url=None, openapi_url=None)
     install_error_handlers(app)
+    metrics = Metrics(engine, model.name)
+    engine = MeteredEngine(engine, metrics)  # the API and the browser UI: every finished request is recorded
     app.include_router(build_router(config, engine, model.name, app.openapi if config.api_key else None))
+    app.include_router(build_extra_router(config, engine, model.name, metrics))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -109,6 +114,9 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
 
         readable = [get_upload_folder(), *(str(p) for p in model.example_dirs)]  # what Gradio may open
         app.add_middleware(UiFileGuard, allowed_dirs=readable, allow_remote=config.media.allow_remote)
+    if config.cors_origins:  # without it browsers allow only the server's own origin
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     allowed = (*config.allowed_hosts, *(("*.gradio.live",) if config.share else ()))
     app.add_middleware(HeadGuard, host=config.host, allowed_hosts=allowed)  # outermost: the first to run

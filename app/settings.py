@@ -68,6 +68,8 @@ class ServerConfig:
     ui_queue_size: int = 256  # UI chats waiting for a turn; more are refused as busy
     analytics_enabled: bool = False
     sampling_defaults: dict = field(default_factory=dict)  # under every request's own sampling fields
+    chat_template: str | None = None  # a Jinja chat template used instead of the model's (--chat-template FILE)
+    cors_origins: tuple[str, ...] = ()  # origins other than the server's own allowed to call the API from a browser
     engine_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -96,6 +98,18 @@ def parse_auth(value: str | None) -> tuple[str, str] | None:
     if not sep or not user or not password:
         raise ConfigError("--auth takes USER:PASS, for example --auth alice:s3cret")
     return user, password
+
+
+def read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--chat-template {path!r} cannot be read ({exc}); name a UTF-8 Jinja file") from None
+    if not text.strip():
+        raise ConfigError(f"--chat-template {path!r} is empty")
+    return text
 
 
 def read_env() -> dict[str, str | None]:

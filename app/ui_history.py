@@ -16,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -28,7 +29,15 @@ from vlchat.app.settings import MediaLimits
 # Appended to an answer that stopped at max new tokens; never sent back to the model.
 CUT_NOTE = "\n\n*(answer cut at the Max new tokens limit; raise it in Generation settings and press Retry)*"
 IMAGE_DIR = Path(tempfile.gettempdir()) / "vlchat-ui-images"
-_MESSAGES = TypeAdapter(list[ChatMessage])
+
+
+class HistoryMessage(ChatMessage):
+    """A message of the /chat API's history: the roles a browser conversation has (no tool turns)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+
+
+_MESSAGES = TypeAdapter(list[HistoryMessage])
 
 
 def file_path(item) -> str | None:

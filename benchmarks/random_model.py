@@ -56,6 +56,40 @@ def word_level_tokenizer(vocab_size: int):
     return fast
 
 
+def byte_bpe_tokenizer(vocab_size: int, seed: int = 0):
+    """A byte-level BPE tokenizer with exactly `vocab_size` tokens (`<s>`, `</s>`, the 256 bytes, then merges of
+    random pairs of earlier tokens), built offline: any text encodes, so grammars (JSON, regex) have tokens to use,
+    which the word-level tokenizer's `t123` words do not offer."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<s>": 0, "</s>": 1}
+    for ch in alphabet:
+        vocab[ch] = len(vocab)
+    common = [pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(c)[0][0] for c in
+              'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 {}[]":,.-_']  # fmt: skip
+    pieces, merges, rng = list(common), [], random.Random(seed)
+    while len(vocab) < vocab_size:
+        a, b = rng.choice(pieces), rng.choice(common if rng.random() < 0.5 else pieces)
+        if a + b in vocab or len(a + b) > 12:
+            continue
+        vocab[a + b] = len(vocab)
+        merges.append((a, b))
+        pieces.append(a + b)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    return fast
+
+
 def build(
     shape: str,
     out_dir: str | os.PathLike,
@@ -93,14 +127,16 @@ def build(
     return (out, model) if return_model else out
 
 
-def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat16") -> str:
-    """A model directory with config.json and a tokenizer but no weights (use with `random_weights`)."""
+def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat16", tokenizer: str = "word") -> str:
+    """A model directory with config.json and a tokenizer ("word": `word_level_tokenizer`, "byte-bpe":
+    `byte_bpe_tokenizer`) but no weights (use with `random_weights`)."""
     from transformers import LlamaConfig
 
     config = LlamaConfig(**fields, bos_token_id=0, eos_token_id=1, rms_norm_eps=1e-5, torch_dtype=dtype,
                          architectures=["LlamaForCausalLM"])  # fmt: skip
     config.save_pretrained(path)
-    word_level_tokenizer(config.vocab_size).save_pretrained(path)
+    make = byte_bpe_tokenizer if tokenizer == "byte-bpe" else word_level_tokenizer
+    make(config.vocab_size).save_pretrained(path)
     return str(path)
 
 

@@ -4,12 +4,13 @@ from vlchat.llm.config import CacheConfig, EngineConfig, SchedulerConfig
 from vlchat.llm.engine.async_engine import AsyncEngine
 from vlchat.llm.llm import LLM
 from vlchat.llm.outputs import CompletionOutput, RequestOutput
-from vlchat.llm.sampling_params import SamplingParams
+from vlchat.llm.sampling_params import SamplingParams, StructuredOutputParams
 
 __all__ = [
     "LLM",
     "AsyncEngine",
     "SamplingParams",
+    "StructuredOutputParams",
     "EngineConfig",
     "CacheConfig",
     "SchedulerConfig",

@@ -2,8 +2,9 @@
 
 Accepted prompts: a string (tokenized with the model's tokenizer, BOS as the
 tokenizer adds it), a list of token ids, an OpenAI-style message list (chat
-template applied; for multimodal models the model's own `process_prompt` runs
-the HF processor), or a ready `MultiModalPrompt`.
+template applied, with the request's tools and template override from its
+options; for multimodal models the model's own `process_prompt` runs the HF
+processor), or a ready `MultiModalPrompt`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from vlchat.llm.errors import InvalidRequestError, TextTooLongError
-from vlchat.llm.tokenizer import apply_chat_template
+from vlchat.llm.tokenizer import apply_chat_template, template_options
 
 
 @dataclass(slots=True)
@@ -158,7 +159,8 @@ def normalize_prompt(
             return model_cls.process_prompt(processor, list(prompt), dict(mm_options or {}))
         if _has_images(prompt):
             raise InvalidRequestError("this model reads text only; remove the image parts or serve a vision model")
-        return MultiModalPrompt(token_ids=apply_chat_template(tokenizer, list(prompt)))
+        template = template_options(mm_options)
+        return MultiModalPrompt(token_ids=apply_chat_template(tokenizer, list(prompt), **template))
     raise InvalidRequestError(
         "a prompt must be a string, a non-empty list of token ids, or a non-empty list of chat messages; "
         f"got {type(prompt).__name__}"

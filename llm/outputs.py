@@ -115,6 +115,34 @@ class CompletionOutput:
         return "CompletionOutput(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True)) + ")"
 
 
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    """When a request arrived, got its first token and finished (time.monotonic() seconds)."""
+
+    arrival_time: float
+    first_token_time: float | None
+    finished_time: float
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float:
+        return self.finished_time - self.arrival_time
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's load: sequences running and waiting, KV cache blocks in use (0..1), preemptions
+    so far."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_preemptions: int
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """The state of one request after an engine step (or at the end, from `LLM.generate`)."""
@@ -125,6 +153,7 @@ class RequestOutput:
     finished: bool = False
     prompt: str | None = None
     num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None  # on the finished output only
 
     @property
     def token_ids(self) -> list[int]:

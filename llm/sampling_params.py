@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -12,11 +13,57 @@ MAX_N = 1024  # completions per request
 MAX_INT32 = 2**31 - 1  # top_k and token ids travel as device integers
 MAX_SEED = 2**64 - 1
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
+MAX_LOGIT_BIAS = 100.0  # |bias| at most, as in the OpenAI API
 
 _INTS = ("n", "top_k", "min_tokens")
 _OPTIONAL_INTS = ("seed", "max_tokens", "logprobs")
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _BOOLS = ("ignore_eos", "skip_special_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputParams:
+    """A constraint on the text of a completion: exactly one of the fields is set.
+
+    The sampler masks every token that cannot continue a text of the constraint (llm/engine/grammar.py), so a
+    completion that ends with "stop" is a whole match; one cut by max_tokens is a prefix of one.
+
+    Args:
+        json_schema: the text is JSON valid against this schema (a dict).
+        json_object: the text is any JSON object.
+        regex: the text matches this regular expression (whole match).
+        choice: the text is one of these strings.
+        grammar: the text is a sentence of this Lark grammar (llguidance's dialect).
+    """
+
+    json_schema: dict | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise InvalidRequestError(
+                "structured output takes exactly one of json_schema, json_object, regex, choice, grammar; "
+                f"got {', '.join(given) or 'none'}"
+            )
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise InvalidRequestError("structured output json_schema must be a JSON object (a dict)")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise InvalidRequestError("structured output choice must be a non-empty list of non-empty strings")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidRequestError(f"structured output {name} must be a non-empty string")
+
+    def key(self) -> str:
+        """A string that is equal for equal constraints (the compiled-grammar cache key)."""
+        return json.dumps([self.json_schema, self.json_object, self.regex, self.choice, self.grammar], sort_keys=True)
 
 
 @dataclass(slots=True)
@@ -41,6 +88,8 @@ class SamplingParams:
         logprobs: return the log-probability of each sampled token and of the top `logprobs`
             alternatives (0: only the sampled token's); None: no logprobs.
         skip_special_tokens: leave special tokens out of the text.
+        logit_bias: token id -> value in [-100, 100] added to that token's logit before sampling.
+        structured_output: constrain the text to a JSON schema, JSON object, regex, choice or grammar.
     """
 
     n: int = 1
@@ -59,6 +108,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    structured_output: StructuredOutputParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -95,6 +146,29 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise InvalidRequestError(message)
+        self._check_bias_and_structure()
+
+    def _check_bias_and_structure(self) -> None:
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise InvalidRequestError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+        self.logit_bias = dict(self.logit_bias or {})
+        for token, bias in self.logit_bias.items():
+            if not _is_int(token) or not 0 <= token <= MAX_INT32:
+                raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {MAX_INT32}], got {token!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not abs(bias) <= MAX_LOGIT_BIAS:
+                raise InvalidRequestError(
+                    f"logit_bias values must lie in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r} for {token}"
+                )
+        if self.structured_output is None:
+            return
+        if not isinstance(self.structured_output, StructuredOutputParams):
+            raise InvalidRequestError("structured_output must be a StructuredOutputParams")
+        # the grammar ends the text with EOS: a request that hides or ignores EOS could never finish it
+        if self.ignore_eos:
+            raise InvalidRequestError("ignore_eos cannot be combined with structured output (the grammar ends on EOS)")
+        if self.min_tokens:
+            raise InvalidRequestError("min_tokens cannot be combined with structured output (the grammar decides "
+                                      "where the text ends)")  # fmt: skip
 
     @property
     def greedy(self) -> bool:

@@ -56,27 +56,38 @@ def _flatten_text_parts(message: Mapping) -> dict:
     return {**message, "content": content}
 
 
-def apply_chat_template(tokenizer, messages: list[Mapping], add_generation_prompt: bool = True) -> list[int]:
+def template_options(options: Mapping | None) -> dict:
+    """The chat-template arguments of a request's prompt options: `tools` (OpenAI-style function definitions, which
+    templates that take tools render) and `chat_template` (a Jinja template used instead of the model's)."""
+    options = options or {}
+    return {k: options[k] for k in ("tools", "chat_template") if options.get(k) is not None}
+
+
+def apply_chat_template(
+    tokenizer, messages: list[Mapping], add_generation_prompt: bool = True, **template: object
+) -> list[int]:
     """Token ids of an OpenAI-style conversation rendered by the model's chat template.
 
     Content given as a list of text parts is joined into one string for templates
     that only take strings. The rendered text is tokenized without adding BOS again
-    (templates write their own).
+    (templates write their own). `template`: see `template_options`.
     """
-    if getattr(tokenizer, "chat_template", None) is None:
+    if getattr(tokenizer, "chat_template", None) is None and not template.get("chat_template"):
         raise InvalidRequestError("this model's tokenizer has no chat template; send a plain text prompt instead")
     if not messages:
         raise InvalidRequestError("messages must not be empty")
     messages = [dict(m) for m in messages]
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             **template)  # fmt: skip
     except Exception:  # a template that cannot iterate over content parts
         messages = [_flatten_text_parts(m) for m in messages]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             **template)  # fmt: skip
     markers = typed_control_tokens(tokenizer, messages)
     if not markers:  # the common case: nothing typed can be mistaken for a control token
         return list(tokenizer.encode(text, add_special_tokens=False))
-    segments = _split_content(tokenizer, messages, text, add_generation_prompt)
+    segments = _split_content(tokenizer, messages, text, add_generation_prompt, template)
     if segments is None:
         raise InvalidRequestError(
             f"the messages contain {markers[0]!r}, a control token of this model's chat format, and this model's "
@@ -132,14 +143,14 @@ def _with_sentinels(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _split_content(tokenizer, messages: list[dict], text: str, add_generation_prompt: bool):
+def _split_content(tokenizer, messages: list[dict], text: str, add_generation_prompt: bool, template: dict):
     """`text` (the rendered conversation) cut into (segment, typed) pairs: the template's own text, and the text the
     messages brought. The template is rendered again with a sentinel in place of each text; the template text between
     sentinels is found in `text` in order, each message text spanning at least its stripped length (templates may
     trim it), so a typed copy of the template's markers cannot be taken for them. None where that fails."""
     texts = _content_texts(messages)
     marked = tokenizer.apply_chat_template(_with_sentinels(messages), add_generation_prompt=add_generation_prompt,
-                                           tokenize=False)  # fmt: skip
+                                           tokenize=False, **template)  # fmt: skip
     parts = _SENTINEL.split(marked)  # [template, index, template, index, ..., template]
     if not text.startswith(parts[0]) or not text.endswith(parts[-1]):
         return None

@@ -165,6 +165,11 @@ def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
         raise WeightMismatchError(missing, unexpected, mismatched, where=where)
 
 
+def vocab_size(hf_config) -> int:
+    """The size of the model's token vocabulary (the rows of its LM head)."""
+    return getattr(hf_config, "vocab_size", None) or hf_config.get_text_config().vocab_size
+
+
 def load_hf_config(model_dir: str | Path):
     """The transformers config of a local model directory (a plain `PretrainedConfig` for unknown model types)."""
     from transformers import AutoConfig, PretrainedConfig

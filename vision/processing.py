@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vlchat.llm.errors import InvalidRequestError
 from vlchat.llm.inputs import ImageItem
-from vlchat.llm.tokenizer import typed_control_tokens
+from vlchat.llm.tokenizer import template_options, typed_control_tokens
 
 DEFAULT_MAX_IMAGES = 8
 # Per-request options forwarded to the HF image processor (Qwen's image token budget).
@@ -64,13 +64,17 @@ def _part_image(part: Mapping):
     return url
 
 
+_TOOL_KEYS = ("tool_calls", "tool_call_id", "name")  # what templates that take tools read besides the content
+
+
 def split_messages(messages: list[Mapping], max_images: int) -> tuple[list[dict], list[Image.Image]]:
     """Messages for the HF chat template ({"type": "image"} placeholders) and the images in order."""
     out, images = [], []
     for message in messages:
         content = message.get("content")
+        extra = {k: message[k] for k in _TOOL_KEYS if message.get(k) is not None}
         if isinstance(content, str) or content is None:  # plain text stays a string for the template
-            out.append({"role": message["role"], "content": content or ""})
+            out.append({"role": message["role"], "content": content or "", **extra})
             continue
         if not isinstance(content, list):
             raise InvalidRequestError("a message's content must be a string or a list of content parts")
@@ -89,7 +93,7 @@ def split_messages(messages: list[Mapping], max_images: int) -> tuple[list[dict]
                 parts.append({"type": "image"})
             else:
                 raise InvalidRequestError(f"unsupported content part type {kind!r}; use text, image or image_url")
-        out.append({"role": message["role"], "content": parts})
+        out.append({"role": message["role"], "content": parts, **extra})
     return out, images
 
 
@@ -97,7 +101,8 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
     """(token ids, processor outputs, prompt text, number of images) for one conversation."""
     max_images = int(mm_options.get("max_images", DEFAULT_MAX_IMAGES))
     hf_messages, images = split_messages(messages, max_images)
-    if getattr(processor, "chat_template", None) is None:
+    template = template_options(mm_options)
+    if getattr(processor, "chat_template", None) is None and "chat_template" not in template:
         raise InvalidRequestError("this model's processor has no chat template; it cannot take chat messages")
     typed = typed_control_tokens(processor.tokenizer, hf_messages)
     if typed:  # the processor tokenizes the whole rendered text: typed markers would become real ones
@@ -105,7 +110,7 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
             f"the text contains {typed[0]!r}, a control token of this model's chat format; remove it: do not type "
             "image placeholder or turn markers in the text (send images as image parts)"
         )
-    text = processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
+    text = processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False, **template)
     kwargs = _image_kwargs(processor, mm_options)
     bos = getattr(processor.tokenizer, "bos_token", None)
     add_special = not (bos is not None and text.startswith(bos))

@@ -75,6 +75,8 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
     message = " or ".join(dict.fromkeys(e.get("msg", "invalid value").removeprefix("Value error, ") for e in same))
     if first.get("type") == "missing" and param:
         message = f"the field {param!r} is required"
+    elif first.get("type") == "extra_forbidden" and param:
+        message = f"the field {param!r} is not supported by this server; remove it (docs/API.md lists the fields)"
     elif param:
         message = f"{param}: {message}"
     return message, param

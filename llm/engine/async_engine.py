@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from vlchat.llm.config import EngineConfig
 from vlchat.llm.engine.engine import LLMEngine
 from vlchat.llm.errors import InvalidRequestError, WorkerDiedError
-from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.outputs import EngineStats, RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -114,6 +114,9 @@ class AsyncEngine:
         """The engine has stopped for good (GET /health answers 503); every request fails with the reason."""
         return self._failed is not None
 
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
     # -- requests -----------------------------------------------------------
 
     async def generate(
@@ -142,6 +145,8 @@ class AsyncEngine:
         try:
             # tokenizing and image preprocessing run in a worker thread, not on the engine thread
             mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
+            if params is not None and params.structured_output is not None:  # compiled here, not on the engine thread
+                await loop.run_in_executor(None, self.engine.grammars.grammar, params.structured_output)
             await self._call(self.engine.add_request, request_id, mm_prompt, params, None, stream)
             held = None  # an error that came right behind outputs merged into one
             while not finished:
@@ -164,6 +169,12 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 await asyncio.shield(self._call(self.engine.abort, request_id))
+
+    async def tokenize(self, prompt, mm_options: dict | None = None) -> list[int]:
+        """The token ids `generate` would feed the model for `prompt` (chat template and processor applied)."""
+        loop = asyncio.get_running_loop()
+        mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
+        return list(mm_prompt.token_ids)
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its KV blocks are free when this returns. Unknown ids are ignored."""

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 from vlchat.kernels import settings as kernel_settings
 from vlchat.llm.config import GRAPH_PREFILL_DELAY_STEPS, EngineConfig
 from vlchat.llm.engine.block_manager import BlockManager, run_blocks_for
+from vlchat.llm.engine.grammar import GrammarCompiler, advance
 from vlchat.llm.engine.isolation import launch_isolated
 from vlchat.llm.engine.model_runner import ModelRunner
 from vlchat.llm.engine.request import Request
@@ -21,10 +23,10 @@ from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, RequestFailedError, WorkerDiedError
 from vlchat.llm.inputs import MultiModalPrompt, max_prompt_chars, normalize_prompt
-from vlchat.llm.outputs import RequestOutput
+from vlchat.llm.outputs import EngineStats, RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.tokenizer import load_tokenizer, stop_token_ids
-from vlchat.llm.weights import load_hf_config
+from vlchat.llm.weights import load_hf_config, vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.processor = None  # multimodal models load their HF processor lazily (see _processor)
         self.max_model_len = _max_model_len(self.hf_config, config.max_model_len)
+        self.vocab_size = vocab_size(self.hf_config)
         self.eos_token_ids = stop_token_ids(self.tokenizer, config.model, self.hf_config)
         self.max_prompt_chars = max_prompt_chars(self.tokenizer, self.max_model_len)  # text refused untokenized
         sched = config.scheduler
@@ -80,6 +83,7 @@ class LLMEngine:
         self.async_scheduling = (
             self.runner.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
         )
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[list[Sequence], object] | None = None  # the launched step: (samplers, pending)
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet
@@ -96,6 +100,13 @@ class LLMEngine:
 
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
+
+    def stats(self) -> EngineStats:
+        """The load now; safe to call from another thread (it reads lengths and counters only)."""
+        blocks = self.block_manager.num_blocks
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting),
+                           1.0 - self.block_manager.num_free_blocks / blocks if blocks else 0.0,
+                           self.scheduler.num_preemptions)  # fmt: skip
 
     def _processor(self):
         if self.processor is None and getattr(self.model_cls, "is_multimodal", False):
@@ -135,8 +146,20 @@ class LLMEngine:
                 f"{prompt_len} prompt tokens + {max_tokens} max_tokens can never fit in the KV cache of "
                 f"{pool_tokens} tokens; lower max_tokens, shorten the prompt or give the cache more memory"
             )
+        vocab = self.vocab_size
+        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            if any(t >= vocab for t in ids):
+                raise InvalidRequestError(f"{name} names token {max(ids)}; this model's token ids are 0..{vocab - 1}")
         bs = self.config.cache.block_size
         seqs = [Sequence(request_id, mm_prompt, params, bs, index=i, max_tokens=max_tokens) for i in range(params.n)]
+        if params.structured_output is not None:
+            if self.config.tensor_parallel_size > 1:  # the workers sample, but the grammars live here
+                raise InvalidRequestError(
+                    "structured output (response_format, a required or named tool_choice) is not available with "
+                    "tensor parallelism yet; serve with --tensor-parallel-size 1 for it"
+                )
+            for seq in seqs:
+                seq.grammar = self.grammars.matcher(params.structured_output)
         request = Request(request_id, mm_prompt, params, seqs, self.tokenizer, stream)
         self.requests[request_id] = request
         # n > 1: the other completions start once the first one's prompt is in the prefix cache
@@ -198,15 +221,7 @@ class LLMEngine:
         seqs = self.scheduler.schedule()
         if seqs:
             samplers = [s for s in seqs if s.samples_this_step]
-            try:
-                pending = self.runner.launch(seqs)
-            except WorkerDiedError:  # the engine itself is gone: no request caused it, none can go on
-                raise
-            except Exception as e:  # noqa: BLE001 - pinned on the request(s) that cause it; the others go on
-                pending, failed = launch_isolated(self.runner, seqs, e)
-                for request_id, cause in failed.items():
-                    self._fail(request_id, cause)
-                samplers = [s for s in samplers if not s.is_finished]
+            samplers, pending, previous = self._launch(seqs, samplers, previous)
             self._inflight = (samplers, pending)
             self.scheduler.update(seqs)
             for seq in samplers:
@@ -214,6 +229,34 @@ class LLMEngine:
         if previous is not None:  # async scheduling: the step above was queued before this one's tokens arrived
             self._collect(*previous)
         return self._report()
+
+    def _launch(self, seqs: list[Sequence], samplers: list[Sequence], previous):
+        """Queue the step over `seqs`; returns the sequences it samples for, their pending tokens, and `previous`
+        (None once collected here).
+
+        A grammar row's mask needs its token still in flight (async scheduling): the forward pass is queued
+        first and the sampling once `previous` is collected, so the device runs the forward pass meanwhile.
+        A launch that raises is rerun in parts (isolation.py) so only the request that causes it fails.
+        """
+        defer = previous is not None and any(s.grammar is not None for s in samplers)
+        try:
+            if not defer:
+                return samplers, self.runner.launch(seqs), previous
+            unsampled = self.runner.launch(seqs, sample=False)
+            self._collect(*previous)
+            previous = None
+            return samplers, self.runner.sample(unsampled), None
+        except WorkerDiedError:  # the engine itself is gone: no request caused it, none can go on
+            raise
+        except Exception as e:  # noqa: BLE001 - pinned on the request(s) that cause it; the others go on
+            if defer and previous is not None:  # the parts sample at once: their grammars need that token first
+                self._collect(*previous)
+                previous = None
+            live = [s for s in seqs if not s.is_finished]  # collecting may have ended some, their blocks freed
+            pending, failed = launch_isolated(self.runner, live, e)
+            for request_id, cause in failed.items():
+                self._fail(request_id, cause)
+            return [s for s in samplers if not s.is_finished], pending, previous
 
     def _collect(self, samplers: list[Sequence], pending) -> None:
         try:
@@ -231,8 +274,12 @@ class LLMEngine:
             if seq.is_finished or request is None:
                 continue  # ended while its step ran (a stop string, an abort): the token is dropped
             seq.append_token(token_id, logprobs)
+            if request.first_token_time is None:
+                request.first_token_time = time.monotonic()
             try:
                 request.completions[seq.index].append(token_id, eos, self.max_model_len)
+                if seq.grammar is not None and not seq.is_finished:
+                    self._advance_grammar(seq, token_id)
             except Exception as e:  # noqa: BLE001 - this request's own state: it fails alone
                 self._fail(seq.request_id, e)
                 continue
@@ -243,6 +290,15 @@ class LLMEngine:
             if seq.is_finished:
                 self.scheduler.finish(seq)
             self._touched[seq.request_id] = request
+
+    @staticmethod
+    def _advance_grammar(seq: Sequence, token_id: int) -> None:
+        if not advance(seq.grammar, token_id):
+            logger.error("request %s: token %d breaks its grammar (%s); ending it", seq.request_id, token_id,
+                         seq.grammar.get_error())  # fmt: skip
+            seq.finish("abort")
+        elif seq.grammar.is_stopped():  # the text is complete: EOS is all the grammar would allow next
+            seq.finish("stop")
 
     def _report(self) -> list[RequestOutput]:
         touched, self._touched = self._touched, {}

@@ -58,7 +58,8 @@ def launch_isolated(runner, seqs: list[Sequence], error: Exception) -> tuple[Iso
             for seq, token, logprobs in zip(samplers, out.token_ids, out.logprobs, strict=True):
                 sampled[seq.seq_id] = (token, logprobs)
 
-    bisect(list(groups.values()), error)
+    if groups:
+        bisect(list(groups.values()), error)
     survivors = [s for s in seqs if s.samples_this_step and s.request_id not in failed]
     tokens = [sampled[s.seq_id][0] for s in survivors]
     runner.adopt_sampled(survivors, tokens)

@@ -29,12 +29,21 @@ from vlchat.llm.layers.attention import Attention
 from vlchat.llm.parallel import agree_min
 from vlchat.llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
 from vlchat.llm.sampling_params import SamplingParams
-from vlchat.llm.weights import load_model, resolve_dtype
+from vlchat.llm.weights import load_model, resolve_dtype, vocab_size
 
 logger = logging.getLogger(__name__)
 
 TABLE_WIDTH_MULTIPLE = 16  # block-table width multiple: keeps the row stride in one Triton specialization class
 _MM_EMBED_CACHE = 32  # image embeddings kept by content hash (a prompt's chunks reuse them)
+
+
+class UnsampledStep:
+    """A launched step's logits ([len(seqs), vocab] fp32 on the device) waiting to be sampled."""
+
+    __slots__ = ("logits", "seqs")
+
+    def __init__(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        self.logits, self.seqs = logits, seqs
 
 
 def pick_device(name: str) -> torch.device:
@@ -85,8 +94,7 @@ class ModelRunner:
         self.rope_tracks_length = any(
             isinstance(m, RotaryEmbedding) and m.needs_length_update for m in self.model.modules()
         )
-        vocab = getattr(hf_config, "vocab_size", None) or hf_config.get_text_config().vocab_size
-        self.sampler = Sampler(eos_token_ids, vocab, self.device, seed=config.seed)
+        self.sampler = Sampler(eos_token_ids, vocab_size(hf_config), self.device, seed=config.seed)
         self._mm_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._sampled_tokens: torch.Tensor | None = None  # the last launched step's tokens, on the device
         self._sampled_rows: dict[int, int] = {}  # seq_id -> row of _sampled_tokens
@@ -335,8 +343,11 @@ class ModelRunner:
         return self.launch(seqs).result()
 
     @torch.inference_mode()
-    def launch(self, seqs: list[Sequence]) -> PendingSample:
-        """`run` without waiting: the forward pass and sampling are queued on the device."""
+    def launch(self, seqs: list[Sequence], sample: bool = True) -> PendingSample | UnsampledStep:
+        """`run` without waiting: the forward pass and sampling are queued on the device.
+
+        `sample=False`: only the forward pass and the logits are queued; `sample(step)` queues the sampling later
+        (the engine does so for grammar-constrained rows once their matchers have consumed the previous token)."""
         graphs = self.graphs
         replay = (
             graphs is not None and graphs.fits(len(seqs)) and all(s.num_new_tokens == 1 for s in seqs)
@@ -359,9 +370,14 @@ class ModelRunner:
         if sample_rows is not None:
             hidden = hidden.index_select(0, to_device(sample_rows, torch.long, hidden.device))
         logits = self.model.compute_logits(hidden)  # [samplers, vocab] fp32
-        pending = self.sampler.sample(logits, samplers)
+        step = UnsampledStep(logits, samplers)
+        return self.sample(step) if sample else step
+
+    @torch.inference_mode()
+    def sample(self, step: UnsampledStep) -> PendingSample:
+        pending = self.sampler.sample(step.logits, step.seqs)
         # the next step may start before these tokens reach the host: it reads them from here
-        self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(samplers)}
+        self._sampled_tokens, self._sampled_rows = pending.tokens, {s.seq_id: i for i, s in enumerate(step.seqs)}
         return pending
 
     def sampled_state(self) -> tuple:

@@ -10,10 +10,12 @@ and never releases a partial UTF-8 character.
 
 from __future__ import annotations
 
+import time
+
 from vlchat.llm.detokenizer import IncrementalDetokenizer
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.inputs import MultiModalPrompt
-from vlchat.llm.outputs import CompletionOutput, RequestOutput
+from vlchat.llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 
 # Tokens an unstreamed completion without stop strings queues before it detokenizes them (Completion.deferred)
@@ -112,6 +114,8 @@ class Request:
         self.stream = stream
         self.pending: list[Sequence] = []  # completions not handed to the scheduler yet (n > 1)
         self.completions = [Completion(s, tokenizer, stream) for s in seqs]
+        self.arrival_time = time.monotonic()
+        self.first_token_time: float | None = None  # set by the engine when the first token is collected
 
     @property
     def finished(self) -> bool:
@@ -119,11 +123,14 @@ class Request:
 
     def output(self, delta: bool = True, finished: bool | None = None) -> RequestOutput:
         prompt = self.prompt
-        return RequestOutput(  # request_id, prompt_token_ids, outputs, finished, prompt, num_cached_tokens
+        finished = self.finished if finished is None else finished
+        metrics = RequestMetrics(self.arrival_time, self.first_token_time, time.monotonic()) if finished else None
+        return RequestOutput(  # request_id, prompt_token_ids, outputs, finished, prompt, num_cached_tokens, metrics
             self.request_id,
             prompt.token_ids,
             [c.output(delta) for c in self.completions],
-            self.finished if finished is None else finished,
+            finished,
             prompt.text,
             self.seqs[0].num_cached_prompt_tokens,
+            metrics,
         )

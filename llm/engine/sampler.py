@@ -1,7 +1,8 @@
 """Next-token selection for a batch of rows, vectorized over the batch.
 
 Order per row: penalties (repetition over prompt + output, presence and frequency
-over the output), min_tokens masking of EOS/stop ids, then either argmax
+over the output), logit_bias, min_tokens masking of EOS/stop ids, the grammar mask of
+structured-output rows (tokens the row's grammar cannot take next), then either argmax
 (temperature 0) or temperature, top-k, top-p, min-p and a draw. The draw is
 argmax(probs / E) with E ~ Exp(1), which samples from probs; rows with a seed take
 E from their own generator, seeded afresh for each token from (seed, completion index,
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlchat.llm.engine.grammar import BitmaskFiller, bitmask_words, unpack_bitmask
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.engine.transfer import padded_rows, to_device
 
@@ -32,6 +34,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.bitmasks = BitmaskFiller()
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         return self.sample(logits, seqs).result()
@@ -46,7 +49,11 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if any(p.uses_penalties for p in params):
             logits = self._apply_penalties(logits.clone(), seqs)
+        if any(p.logit_bias for p in params):
+            logits = self._apply_logit_bias(logits, seqs)
         logits = self._mask_early_stops(logits, seqs)
+        if any(s.grammar is not None for s in seqs):
+            logits = self._apply_grammars(logits, seqs)
         tokens = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
             greedy = to_device([p.greedy for p in params], torch.bool, logits.device)
@@ -73,6 +80,30 @@ class Sampler:
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)
         return logits - freq * counts - pres * (counts > 0).float()
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        dev = logits.device
+        rows, tokens, values = [], [], []
+        for i, s in enumerate(seqs):
+            for token, bias in s.params.logit_bias.items():
+                rows.append(i)
+                tokens.append(token)
+                values.append(bias)
+        index = (to_device(rows, torch.long, dev), to_device(tokens, torch.long, dev))
+        return logits.index_put(index, to_device(values, torch.float, dev), accumulate=True)
+
+    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """-inf on the tokens each constrained row's grammar cannot take next; the other rows are not touched
+        (only the constrained rows' masks travel to the device)."""
+        rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        words = bitmask_words(logits.shape[1])
+        host = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=logits.is_cuda)
+        self.bitmasks.fill([seqs[i].grammar for i in rows], host)
+        allowed = unpack_bitmask(host.to(logits.device, non_blocking=True), logits.shape[1])  # [len(rows), vocab]
+        index = to_device(rows, torch.long, logits.device)
+        masked = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))
+        return logits.index_copy(0, index, masked)
 
     def _mask_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         early = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]

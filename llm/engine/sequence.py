@@ -87,6 +87,8 @@ class Sequence:
         self.stop_reason: str | int | None = None
         self.logprobs: list[dict[int, float]] = []
         self.generator: torch.Generator | None = None  # the sampler creates it for seeded requests
+        # llguidance matcher of a structured-output request (llm/engine/grammar.py): it has consumed the output tokens
+        self.grammar = None
         self._block_hashes: list[bytes] = []
         self._table_copy = GrowingListCopy()  # block_table_array
         self._token_copy = GrowingListCopy()  # token_array

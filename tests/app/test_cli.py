@@ -42,6 +42,19 @@ def test_tensor_parallel_options_reach_the_engine(monkeypatch):
                                                   "tp_authkey": "00ff"}  # fmt: skip
 
 
+def test_chat_template_file_and_cors_origins(tmp_path):
+    from vlchat.app.cli import build_parser, server_config
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    args = build_parser().parse_args(["serve", "--chat-template", str(template), "--cors-origins",
+                                      "https://a.example", "http://localhost:3000"])  # fmt: skip
+    config = server_config(args)
+    assert config.chat_template == template.read_text()
+    assert config.cors_origins == ("https://a.example", "http://localhost:3000")
+    assert server_config(build_parser().parse_args(["serve"])).cors_origins == ()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -51,8 +64,9 @@ def test_tensor_parallel_options_reach_the_engine(monkeypatch):
         (["chat", "--model", "/no/such/model"], "neither a directory nor a Hub id"),
         (["serve", "--model", "nobody/no-such-model"], "could not get 'nobody/no-such-model'"),
         (["serve", "--model", __file__], "a .gguf file"),
+        (["serve", "--chat-template", "/no/such/template.jinja"], "--chat-template"),
     ],
-    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline", "not-a-model-file"],
+    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline", "not-a-model-file", "chat-template"],
 )
 def test_bad_options_are_one_line_errors(capsys, argv, message):
     assert main(argv) == 2

@@ -80,3 +80,47 @@ def test_offline_generate_names_the_failed_request(model_dir):
     with pytest.raises(RequestFailedError, match="llm-1"):
         llm.generate(PROMPTS[:3], [stream_params(0), poison(), stream_params(1)])
     assert llm.engine.num_free_blocks() == NUM_BLOCKS and not llm.engine.requests
+
+
+REGEX = "[a-z]{1,6}( [a-z]{1,6}){0,3}"
+
+
+async def test_grammar_rows_under_async_scheduling_survive_a_poison_request(model_dir, monkeypatch):
+    """With async scheduling a batch with grammar rows samples only after the token in flight reached their matchers;
+    when that sampling fails the step reruns in parts, and the grammar rows still draw what they drew without it."""
+    import re
+
+    from vlchat.llm import StructuredOutputParams
+    from vlchat.llm.engine import engine as engine_module
+
+    rerun_with_grammars = []
+    isolated = engine_module.launch_isolated
+
+    def spy(runner, seqs, error):
+        rerun_with_grammars.append(any(s.grammar is not None for s in seqs))
+        return isolated(runner, seqs, error)
+
+    monkeypatch.setattr(engine_module, "launch_isolated", spy)
+    config = EngineConfig.from_options(str(model_dir), dtype="float32", device="cpu", num_blocks=NUM_BLOCKS,
+                                       block_size=4, async_scheduling=True)  # fmt: skip
+    engine = AsyncEngine.from_config(config)
+    try:
+        constrained = SamplingParams(temperature=1.0, seed=7, max_tokens=24,
+                                     structured_output=StructuredOutputParams(regex=REGEX))  # fmt: skip
+        streams = [(PROMPTS[i % len(PROMPTS)], constrained if i % 2 else stream_params(i)) for i in range(6)]
+        clean = await asyncio.wait_for(
+            asyncio.gather(*(run(engine, f"clean-{i}", p, sp) for i, (p, sp) in enumerate(streams))), 120
+        )
+        # the poison joins once the others decode: its step's sampling is the deferred one that fails
+        tasks = [run(engine, f"mixed-{i}", p, sp) for i, (p, sp) in enumerate(streams)]
+        tasks.append(run(engine, "poison", PROMPTS[0], poison()))
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120)
+        assert isinstance(results[-1], RequestFailedError), results[-1]
+        assert any(rerun_with_grammars)
+        assert results[:-1] == clean
+        for i, result in enumerate(clean):
+            if i % 2:
+                assert re.fullmatch(REGEX, result[0][2]) or len(result[0][1]) == 24, result
+        assert engine.num_free_blocks() == NUM_BLOCKS and not engine.engine.requests
+    finally:
+        engine.shutdown()

@@ -174,3 +174,60 @@ def test_a_seeded_draw_depends_on_its_position_only():
     s.append_token(first)
     later = [smp(logits, [s]).token_ids[0] for _ in range(2)]
     assert later[0] == later[1]
+
+
+def test_logit_bias_adds_to_the_named_tokens_of_its_row_only():
+    logits = torch.randn(2, V)
+    p = SamplingParams(temperature=0, logit_bias={3: 100.0, 7: -2.5})
+    expect = logits[0].clone()
+    expect[3] += 100.0
+    expect[7] -= 2.5
+    got = Sampler._apply_logit_bias(logits, [seq(p), seq(SamplingParams(temperature=0))])
+    torch.testing.assert_close(got[0], expect)
+    torch.testing.assert_close(got[1], logits[1])
+    out = sampler()(logits, [seq(p), seq(SamplingParams(temperature=0))])
+    assert out.token_ids == [3, int(logits[1].argmax())]
+
+
+class _AllowOnly:
+    """A stand-in matcher that allows a fixed set of tokens (the bitmask filler's input)."""
+
+    def __init__(self, allowed):
+        self.allowed = set(allowed)
+
+    def is_error(self):
+        return False
+
+
+def test_grammar_rows_are_masked_and_the_other_rows_keep_their_argmax(monkeypatch):
+    from vlchat.llm.engine import grammar
+
+    def fill(self, matchers, out):
+        out.zero_()
+        for i, m in enumerate(matchers):
+            for t in m.allowed:
+                out[i, t // 32] |= 1 << (t % 32)
+
+    monkeypatch.setattr(grammar.BitmaskFiller, "fill", fill)
+    logits = torch.randn(4, V)
+    rows = [seq(SamplingParams(temperature=0)) for _ in range(4)]
+    rows[1].grammar, rows[3].grammar = _AllowOnly({2, 9}), _AllowOnly({5})
+    out = sampler()(logits, rows).token_ids
+    assert out[0] == int(logits[0].argmax()) and out[2] == int(logits[2].argmax())
+    assert out[1] == (2 if logits[1, 2] > logits[1, 9] else 9)
+    assert out[3] == 5
+    drawn = seq(SamplingParams(temperature=1.0))
+    drawn.grammar = _AllowOnly({5, 6})
+    assert set(sampler()(torch.zeros(64, V), [drawn] * 64).token_ids) == {5, 6}  # a drawn row stays in its grammar
+
+
+def test_unpack_bitmask_reads_bit_j_of_word_w_as_token_32w_plus_j():
+    from vlchat.llm.engine.grammar import unpack_bitmask
+
+    tokens = [0, 5, 31, 32, 63, 70]
+    mask = torch.zeros(1, 3, dtype=torch.int32)
+    for t in tokens:
+        mask[0, t // 32] |= (1 << (t % 32)) - (1 << 32 if t % 32 == 31 else 0)
+    allowed = unpack_bitmask(mask, 71)
+    assert allowed.shape == (1, 71)
+    assert torch.nonzero(allowed[0]).flatten().tolist() == tokens

@@ -69,6 +69,26 @@ def text_llm(llama_dir):
     llm.close()
 
 
+# the sampler options of the OpenAI API run on every rank from the parameters each worker mirrors
+SHAPED = SamplingParams(temperature=0.8, seed=5, max_tokens=8, min_tokens=6, presence_penalty=0.7,
+                        frequency_penalty=0.4, repetition_penalty=1.3, logit_bias={7: 3.0, 11: -50.0},
+                        stop_token_ids=[13], logprobs=3)  # fmt: skip
+
+
+def test_penalties_bias_and_logprobs_at_tp2_match_one_process(llama_dir, text_llm):
+    expected = _generate(llama_dir, TEXT_PROMPTS, tp=1, params=SHAPED, **ASYNC)
+    _assert_same(text_llm.generate(TEXT_PROMPTS, SHAPED), expected)
+
+
+def test_structured_output_at_tp2_is_refused_by_name(text_llm):
+    from vlchat.llm import StructuredOutputParams
+    from vlchat.llm.errors import InvalidRequestError
+
+    params = SamplingParams(max_tokens=8, structured_output=StructuredOutputParams(regex="[a-z]+"))
+    with pytest.raises(InvalidRequestError, match="tensor parallelism"):
+        text_llm.generate(["Hello"], params)
+
+
 def test_text_tp2_matches_one_process(llama_dir, text_llm, monkeypatch):
     expected = _generate(llama_dir, TEXT_PROMPTS, tp=1, **ASYNC)
     preempted = []

@@ -38,6 +38,17 @@ def accepted(case):
         for message in body.get("messages") or []:
             if message.get("content") is None or message.get("role") != "user":
                 message["content"] = message.get("content") if isinstance(message.get("content"), str) else "hi"
+            # tool messages need the id of a call, tool_calls an assistant: pairings the schema cannot state
+            message.pop("tool_calls", None)
+            if message.get("role") == "tool":
+                message["role"] = "user"
+        # tools need a template that renders them, constraints a valid schema/regex/grammar, token ids the
+        # vocabulary, top_logprobs logprobs, min_tokens room under max_tokens
+        for name in ("tools", "tool_choice", "response_format", "structured_outputs", "logit_bias", "stop_token_ids",
+                     "min_tokens"):
+            body.pop(name, None)
+        if not body.get("logprobs"):
+            body.pop("top_logprobs", None)
         for name in ("max_tokens", "max_completion_tokens"):
             if body.get(name) is not None:
                 body[name] = min(body[name], 8)
