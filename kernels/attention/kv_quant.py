@@ -15,6 +15,10 @@ A cache's format is told by its dtype (`cache_format`):
   byte j holds dimension 2j in its low nibble and 2j + 1 in its high one. A cache's format therefore depends on
   the head_dim of the rows it stores (`cache_format(cache, head_dim)`).
 
+int8 and int4 caches hold each K/V row rotated by a Hadamard matrix (`rotation`): the attention layer rotates
+q, k and v before the write and the kernels, and the output back after them; the kernels and the formats above
+do not know about it.
+
 The kernels read the fp8 cache as its uint8 bits and convert them with integer operations (`fp8_bits_to_half`'s
 rule), so the same kernels run on every arch (e4m3 conversions are native from sm_89 only) and under the
 interpreter.
@@ -151,6 +155,25 @@ def unpack_int4(codes: torch.Tensor) -> torch.Tensor:
     return torch.stack((codes & 15, codes >> 4), dim=-1).flatten(-2)
 
 
+def hadamard_block(head_dim: int) -> int:
+    """The size of the Hadamard blocks rotating rows of `head_dim` (`rotation`): the largest power of two dividing
+    it, at most 256."""
+    return min(head_dim & -head_dim, 256)
+
+
+def rotation(head_dim: int, device=None) -> torch.Tensor:
+    """The +-1 block-diagonal Sylvester Hadamard matrix H [head_dim, head_dim] that int8 and int4 caches store their
+    rows in (x @ H, quantized). H is symmetric and H @ H = n * I (n = `hadamard_block`), so q @ H / n against
+    k @ H gives q . k and (p @ (v @ H)) @ H / n gives p @ v; every factor is a power of two, exact in every float
+    dtype. Rotating spreads a row's outlier dimensions over the whole block, which narrows the per-row min/max
+    grid (llm/layers/attention.py applies it; docs/KV_CACHE.md)."""
+    n = hadamard_block(head_dim)
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return torch.block_diag(*[h] * (head_dim // n)).to(device)
+
+
 def dequantize(cache: torch.Tensor, scale, dtype: torch.dtype = torch.float32, fmt: str | None = None) -> torch.Tensor:
     """Rows of a cache (any leading shape, head_dim last) as `dtype`; `scale` as the format takes it (for int8 and
     int4 the scale/zero rows matching the cache rows' leading shape). `fmt`: the cache's format, needed for int4
@@ -160,8 +183,8 @@ def dequantize(cache: torch.Tensor, scale, dtype: torch.dtype = torch.float32, f
         return cache.to(dtype) * fp8_scale(scale)
     if fmt in LEVELS:
         codes = unpack_int4(cache) if fmt == "int4" else cache
-        sz = scale.to(dtype)
-        return codes.to(dtype) * sz[..., 0:1] + sz[..., 1:2]
+        sz = scale.float()  # in float32 then rounded once to `dtype`, as the kernels do
+        return (codes.float() * sz[..., 0:1] + sz[..., 1:2]).to(dtype)
     return cache.to(dtype)
 
 

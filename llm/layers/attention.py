@@ -4,7 +4,9 @@ It reads the step's `AttentionMetadata` (llm/engine/context.py) and its own
 `kv_cache`, a `(k_cache, v_cache)` pair of `[num_blocks, block_size, kv_heads,
 head_dim]` tensors that the model runner assigns after allocating the cache,
 with `kv_scales` (k_scale, v_scale) where the cache is quantized
-(kernels/attention/kv_quant.py: fp8 per-tensor scales, int8 per-token scale/zero tensors).
+(kernels/attention/kv_quant.py: fp8 per-tensor scales, int8/int4 per-token scale/zero tensors).
+With an int8 or int4 cache, q, k and v are rotated by a Hadamard matrix before
+the write and the kernels and the output rotated back (`kv_quant.rotation`).
 
 Without metadata or without a cache (a profiling or warm-up pass before the
 cache exists) the batch is attended to contiguously, causally, with no cache
@@ -18,7 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlchat.kernels.attention import paged_decode_attention, paged_prefill_attention, varlen_attention, write_kv_cache
+from vlchat.kernels.attention import (
+    kv_quant,
+    paged_decode_attention,
+    paged_prefill_attention,
+    varlen_attention,
+    write_kv_cache,
+)
 from vlchat.llm.engine.context import get_context
 
 
@@ -52,6 +60,7 @@ class Attention(nn.Module):
         self.softcap = softcap
         self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kv_scales: tuple = (None, None)  # the cache's (k_scale, v_scale) as its format takes them
+        self._rotation: torch.Tensor | None = None  # the int8/int4 caches' row rotation (kv_quant.rotation)
         self._cache_memo: dict = {}  # what kernels keep per cache (TMA descriptors, stealing counters), emptied with it
 
     @property
@@ -62,12 +71,25 @@ class Attention(nn.Module):
     def kv_cache(self, caches: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         self._kv_cache = caches
         self._cache_memo = {}
+        rotated = caches is not None and kv_quant.cache_format(caches[0], self.head_dim) in kv_quant.LEVELS
+        self._rotation = kv_quant.rotation(self.head_dim, caches[0].device) if rotated else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]
         ctx = get_context()
         if ctx is None or self.kv_cache is None:
             return self._contiguous(q, k, v, ctx)
+        if self._rotation is None:
+            return self._paged(q, k, v, ctx)
+        # int8/int4 caches store rows rotated by H (kv_quant.rotation): q @ H / n . k @ H = q . k, and the output
+        # of the rotated values comes back through H / n
+        h = self._cache_memo.get(q.dtype)
+        if h is None:
+            h = self._cache_memo[q.dtype] = self._rotation.to(q.dtype)
+        inv_n = 1.0 / kv_quant.hadamard_block(self.head_dim)
+        return self._paged((q @ h) * inv_n, k @ h, v @ h, ctx) @ h * inv_n
+
+    def _paged(self, q, k, v, ctx) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache
         k_scale, v_scale = self.kv_scales
         write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)

@@ -82,6 +82,15 @@ def test_int4_codes_pack_two_dimensions_a_byte_within_half_a_step():
     assert kv_quant.cache_format(codes, 64) == "int4" and kv_quant.cache_format(codes, 32) == "int8"
 
 
+@pytest.mark.parametrize("head_dim,block", [(64, 64), (80, 16), (96, 32), (128, 128), (256, 256), (512, 256)])
+def test_rotation_is_a_symmetric_block_hadamard(head_dim, block):
+    h = kv_quant.rotation(head_dim)
+    assert kv_quant.hadamard_block(head_dim) == block
+    assert set(h.unique().tolist()) <= {-1.0, 0.0, 1.0} and torch.equal(h, h.T)
+    torch.testing.assert_close(h @ h, block * torch.eye(head_dim), atol=0, rtol=0)
+    assert int(h[:block, :block].abs().sum()) == block * block and int(h.abs().sum()) == head_dim * block
+
+
 def test_bytes_per_token_counts_codes_and_scales():
     assert kv_quant.bytes_per_token("auto", 8, 128, torch.bfloat16) == 2 * 8 * 128 * 2
     assert kv_quant.bytes_per_token("fp8", 8, 128, torch.bfloat16) == 2 * 8 * 128
