@@ -3,7 +3,11 @@ caches.
 
     python -m benchmarks.kv_cache_fidelity [--out DIR] [--device cpu|cuda] [--kl-tokens N]
 
-Against the unquantized cache of the same run (fp32 compute and an fp32 cache on the CPU; bf16 on a GPU):
+Against the unquantized cache of the same run (fp32 compute and an fp32 cache on the CPU; bf16 on a GPU), with a
+16-bit row beside the quantized ones ("bf16": the fp32 cache holding K/V rows rounded to bf16, as a 16-bit cache
+stores them), which shows that the fp32 baseline is the 16-bit cache's: on the CPU the comparison runs in fp32
+because bf16 logits tie exactly (a resolution of 0.125 at Gemma's logit scale), which a greedy comparison would
+count as differences, and Gemma 3 overflows in float16.
 
 - greedy: 10 prompts x 32 tokens through `LLM(..., kv_cache_dtype=...)`; how many continuations are identical,
   and where the others first differ;
@@ -22,6 +26,7 @@ run_name='__main__', alter_sys=True)" benchmarks.kv_cache_fidelity [ARGS]` (one 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -42,6 +47,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 QUANTIZED = ("fp8", "int8", "int4")
+SIXTEEN_BIT = "bf16"  # the unquantized cache holding bf16-rounded rows (module doc)
 CHUNK = 256  # teacher-forced tokens per forward in the KL pass
 
 
@@ -55,14 +61,35 @@ def gemma_path() -> str:
     return str(assemble(Path(tempfile.gettempdir()) / f"vlchat-gguf-{EXPECTED_SHA256[:12]}" / MODEL_NAME))
 
 
+@contextlib.contextmanager
+def bf16_rows():
+    """Inside it, every attention layer rounds its new K/V rows to bf16 before they reach the cache."""
+    from vlchat.llm.layers.attention import Attention
+
+    forward = Attention.forward
+
+    def rounded(self, q, k, v):
+        return forward(self, q, k.to(torch.bfloat16).to(k.dtype), v.to(torch.bfloat16).to(v.dtype))
+
+    Attention.forward = rounded
+    try:
+        yield
+    finally:
+        Attention.forward = forward
+
+
 def greedy_tokens(path: str, kv_cache_dtype: str, device: str, prompts=PROMPTS, new_tokens=NEW_TOKENS):
-    """Greedy continuations of `prompts` served with `kv_cache_dtype` (prefix caching off: each prompt computed)."""
+    """Greedy continuations of `prompts` served with `kv_cache_dtype` (or SIXTEEN_BIT) (prefix caching off: each
+    prompt computed)."""
     from vlchat.llm import LLM, SamplingParams
 
-    llm = LLM(path, device=device, kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False, num_blocks=256)
+    sixteen = kv_cache_dtype == SIXTEEN_BIT
+    llm = LLM(path, device=device, kv_cache_dtype="auto" if sixteen else kv_cache_dtype, enable_prefix_caching=False,
+              num_blocks=256)  # fmt: skip
     try:
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-        return [o.token_ids for o in llm.generate(prompts, params)]
+        with bf16_rows() if sixteen else contextlib.nullcontext():
+            return [o.token_ids for o in llm.generate(prompts, params)]
     finally:
         llm.close()
 
@@ -103,7 +130,7 @@ class _Caches:
 
 
 @torch.inference_mode()
-def mean_kl(model, token_ids: list[int], formats=QUANTIZED, chunk: int = CHUNK) -> dict:
+def mean_kl(model, token_ids: list[int], formats=(SIXTEEN_BIT, *QUANTIZED), chunk: int = CHUNK) -> dict:
     """{format: {"kl": mean KL(unquantized || format), "top1": share of positions with the same argmax}} over the
     next-token distributions at every position of `token_ids` but the last, teacher-forced (module doc)."""
     from vlchat.llm.engine.context import AttentionMetadata, use_context
@@ -113,7 +140,7 @@ def mean_kl(model, token_ids: list[int], formats=QUANTIZED, chunk: int = CHUNK) 
     dtype = next(model.parameters()).dtype
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     n = len(token_ids)
-    caches = {f: _Caches(layers, f, n, dtype, device) for f in ("auto", *formats)}
+    caches = {f: _Caches(layers, "auto" if f == SIXTEEN_BIT else f, n, dtype, device) for f in ("auto", *formats)}
     table = torch.arange(caches["auto"].blocks, dtype=torch.int32, device=device).view(1, -1)
     ids = torch.tensor(token_ids, device=device)
     kl = {f: 0.0 for f in formats}
@@ -133,7 +160,7 @@ def mean_kl(model, token_ids: list[int], formats=QUANTIZED, chunk: int = CHUNK) 
         logp = {}
         for f, c in caches.items():
             c.install(layers)
-            with use_context(meta):
+            with use_context(meta), bf16_rows() if f == SIXTEEN_BIT else contextlib.nullcontext():
                 hidden = model(ids[lo:hi], positions)
             logp[f] = torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
         ref = logp.pop("auto")
@@ -152,7 +179,8 @@ def markdown(res: dict) -> str:
         f"{versions_line(res)}; compute {res['compute_dtype']}, unquantized cache {res['compute_dtype']}.", "",
         f"Greedy: {len(PROMPTS)} prompts x {NEW_TOKENS} tokens, identical continuations vs the unquantized cache. "
         f"KL: mean KL(unquantized || quantized) of next-token distributions over {res['kl_tokens']} tokens of prose "
-        "(pydoc_data.topics), teacher-forced, every position reading a quantized context.", "",
+        "(pydoc_data.topics), teacher-forced, every position reading a quantized context. Row bf16: the "
+        "unquantized cache holding bf16-rounded rows (a 16-bit cache's values).", "",
         "| cache | identical greedy | first differences | mean KL (nats) | same argmax |",
         "|---|---|---|---|---|",
     ]  # fmt: skip
@@ -183,7 +211,7 @@ def main() -> None:
     device = cpu_name() if args.device == "cpu" else torch.cuda.get_device_name()
     res = {"device": device, **versions(), "compute_dtype": str(model.dtype).removeprefix("torch."),
            "kl_tokens": len(text), "formats": {}}  # fmt: skip
-    for f in QUANTIZED:
+    for f in (SIXTEEN_BIT, *QUANTIZED) if args.device == "cpu" else QUANTIZED:
         got = greedy_tokens(path, f, args.device)
         diffs = [first_difference(a, b) for a, b in zip(base, got, strict=True)]
         res["formats"][f] = {"identical": sum(d is None for d in diffs), "first_differences": diffs, **kls[f]}

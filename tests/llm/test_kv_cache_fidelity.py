@@ -1,23 +1,26 @@
 """What quantized KV caches cost on real weights: Gemma 3 270M (the Q4_K_M GGUF of the test extra), fp32 compute
-on the CPU with the cache stored quantized, against the unquantized (fp32) cache.
+on the CPU with the cache stored quantized, against the unquantized (fp32) cache, whose greedy tokens are the 16-bit
+cache's (the "bf16" row: the same cache holding bf16-rounded rows).
 
-Greedy: 10 prompts x 32 tokens served through the engine. The issue's target is 8 identical continuations for fp8
-and int8; this comparison (an fp32 baseline) does not reach it: the figures, and where the continuations part, are
-in benchmarks/results/kv_cache_fidelity_<device>.md and docs/KV_CACHE.md. MIN_IDENTICAL guards them, one below.
-int4 is bounded by its KL only. KL: the mean KL divergence of next-token distributions over KL_TOKENS tokens of
-prose, teacher-forced with every position reading a quantized context; MAX_MEAN_KL is about twice to five times
-what the benchmark reports over 2,048 tokens, so it flags a broken quantization, not noise."""
+Greedy: 10 prompts x 32 tokens served through the engine; int8 at the issue's target (8 identical continuations),
+fp8 at what it reaches (6; the issue's 8 is not met, docs/KV_CACHE.md says why), int4 bounded by its KL only. KL:
+the mean KL divergence of next-token distributions over KL_TOKENS tokens of prose, teacher-forced with every
+position reading a quantized context; MAX_MEAN_KL is about twice what the benchmark reports over 2,048 tokens, so
+it flags a broken quantization or a lost rotation, not noise. Figures: benchmarks/results/kv_cache_fidelity_<device>.md.
+Slow: five engines and a KL pass over five caches."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks.kv_cache_fidelity import PROMPTS, greedy_tokens, mean_kl, prose_tokens
+from benchmarks.kv_cache_fidelity import PROMPTS, SIXTEEN_BIT, greedy_tokens, mean_kl, prose_tokens
+
+pytestmark = pytest.mark.slow
 
 KL_TOKENS = 512
-MAX_MEAN_KL = {"fp8": 0.05, "int8": 0.02, "int4": 4.0}
-MIN_IDENTICAL = {"fp8": 5, "int8": 4}
+MAX_MEAN_KL = {SIXTEEN_BIT: 1e-4, "fp8": 0.02, "int8": 0.002, "int4": 0.4}
+MIN_IDENTICAL = {SIXTEEN_BIT: 10, "fp8": 6, "int8": 8}
 
 
 @pytest.fixture(scope="module")
@@ -51,5 +54,6 @@ def test_mean_kl_of_next_token_distributions_is_small(gemma_path):
     res = mean_kl(model, text)
     for name, bound in MAX_MEAN_KL.items():
         assert 0.0 < res[name]["kl"] < bound, (name, res[name])
-    assert min(res["fp8"]["top1"], res["int8"]["top1"]) > 0.9, res
-    assert res["int8"]["kl"] < res["fp8"]["kl"] < res["int4"]["kl"], res
+    assert min(res["fp8"]["top1"], res["int8"]["top1"]) > 0.95, res
+    kls = [res[name]["kl"] for name in (SIXTEEN_BIT, "int8", "fp8", "int4")]
+    assert kls == sorted(kls), res
