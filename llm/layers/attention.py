@@ -60,7 +60,7 @@ class Attention(nn.Module):
         self.softcap = softcap
         self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kv_scales: tuple = (None, None)  # the cache's (k_scale, v_scale) as its format takes them
-        self._rotation: torch.Tensor | None = None  # the int8/int4 caches' row rotation (kv_quant.rotation)
+        self._rotation: dict = {}  # dtype -> the int8/int4 caches' row rotation (kv_quant.rotation); else empty
         self._cache_memo: dict = {}  # what kernels keep per cache (TMA descriptors, stealing counters), emptied with it
 
     @property
@@ -71,21 +71,22 @@ class Attention(nn.Module):
     def kv_cache(self, caches: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         self._kv_cache = caches
         self._cache_memo = {}
-        rotated = caches is not None and kv_quant.cache_format(caches[0], self.head_dim) in kv_quant.LEVELS
-        self._rotation = kv_quant.rotation(self.head_dim, caches[0].device) if rotated else None
+        self._rotation = {}
+        if caches is not None and kv_quant.cache_format(caches[0], self.head_dim) in kv_quant.LEVELS:
+            h = kv_quant.rotation(self.head_dim, caches[0].device)
+            # made here in every float dtype, so that no step (a CUDA-graph capture included) allocates it
+            self._rotation = {dtype: h.to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]
         ctx = get_context()
         if ctx is None or self.kv_cache is None:
             return self._contiguous(q, k, v, ctx)
-        if self._rotation is None:
+        if not self._rotation:
             return self._paged(q, k, v, ctx)
         # int8/int4 caches store rows rotated by H (kv_quant.rotation): q @ H / n . k @ H = q . k, and the output
         # of the rotated values comes back through H / n
-        h = self._cache_memo.get(q.dtype)
-        if h is None:
-            h = self._cache_memo[q.dtype] = self._rotation.to(q.dtype)
+        h = self._rotation[q.dtype]
         inv_n = 1.0 / kv_quant.hadamard_block(self.head_dim)
         return self._paged((q @ h) * inv_n, k @ h, v @ h, ctx) @ h * inv_n
 
