@@ -19,7 +19,7 @@ from vlchat.app.settings import (
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
-                  "tp_listen")  # fmt: skip
+                  "tp_listen", "kv_cache_dtype")  # fmt: skip
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -29,6 +29,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, help="context length limit in tokens")
     p.add_argument("--max-num-seqs", type=int, help="sequences batched at once")
     p.add_argument("--num-blocks", type=int, help="KV cache blocks (default: sized from free memory)")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "int8", "int4"),
+                   help="KV cache storage: auto (the model's dtype), fp8 (e4m3), int8 or int4 (per-token scales); "
+                   "fp8/int8 hold about twice the 16-bit tokens, int4 about 3.5x (default: auto)")  # fmt: skip
     p.add_argument("--kernel-backend", choices=("auto", "triton", "torch"), help="attention kernels (default: auto)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens one step may process (default: 2048)")

@@ -145,6 +145,15 @@ def warn_if_unprotected(config: ServerConfig) -> None:
               file=sys.stderr)  # fmt: skip
 
 
+def kv_capacity_line(engine) -> str:
+    """What the KV pool holds, printed at start: tokens in all, the cache format and the context limit."""
+    cache = engine.config.cache
+    return (
+        f"KV cache: {engine.kv_cache_tokens:,} tokens ({cache.kv_cache_dtype} cache, {cache.block_size}-token "
+        f"blocks), max_model_len {engine.max_model_len:,}"
+    )
+
+
 def start_share_link(config: ServerConfig) -> None:
     """Ask Gradio for a public link in the background; when it cannot be made, say so in one line."""
 
@@ -196,6 +205,7 @@ def serve(config: ServerConfig) -> int:
     if config.share:
         start_share_link(config)
     print(f"vlchat {__version__}: {model.describe()} at http://{config.host}:{config.port}", file=sys.stderr)
+    print(kv_capacity_line(engine), file=sys.stderr)
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=2,
                     http=GuardedH11Protocol)  # fmt: skip

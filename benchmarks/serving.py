@@ -77,8 +77,10 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
                                       max_num_batched_tokens=args.max_num_batched_tokens,
                                       enforce_eager=args.enforce_eager, prefill_delay_steps=args.prefill_delay_steps,
                                       tensor_parallel_size=args.tensor_parallel_size,
+                                      kv_cache_dtype=args.kv_cache_dtype,
                                       load_format="auto" if args.model else "dummy")  # fmt: skip
     probe = EngineProbe(engine) if args.images else None
+    peak = [0]  # the most sequences the scheduler ran at once, seen as tokens arrived
 
     async def one(i, req, rec):
         params = SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=0.0)
@@ -90,6 +92,7 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
             if not seen and req.images:
                 rec.prompt_len = len(out.prompt_token_ids)  # with the image placeholder tokens
             n = seen + len(out.outputs[0].delta_token_ids)  # the cumulative list would be sliced on every read
+            peak[0] = max(peak[0], len(engine.engine.scheduler.running))
             if n > seen:
                 rec.token_times.append(time.perf_counter())
                 rec.chunk_tokens.append(n - seen)
@@ -107,7 +110,8 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
         return await _run_requests(requests, arrivals, args.concurrency, one)
 
     records, duration = asyncio.run(main())
-    info = {"kv_blocks_free_after": engine.num_free_blocks()}
+    info = {"kv_blocks_free_after": engine.num_free_blocks(), "kv_cache_tokens": engine.kv_cache_tokens,
+            "kv_cache_dtype": args.kv_cache_dtype, "max_running_seqs": peak[0]}  # fmt: skip
     if probe is not None:
         info["images"] = probe.summary()
         probe.detach()  # its wrappers and the engine reference each other: the engine's memory goes with it
@@ -272,6 +276,7 @@ def main(argv=None) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vlchat backend: GPUs the model is sharded over")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8", "int4"])
     p.add_argument("--prefill-delay-steps", type=int, default=None,
                    help="SchedulerConfig.prefill_delay_steps (default: the engine's; 0 admits at once)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)

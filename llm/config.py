@@ -17,6 +17,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
+KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")  # kernels/attention/kv_quant.py's (a test keeps the two equal)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -35,6 +36,11 @@ class CacheConfig:
         num_blocks: an explicit number of KV blocks; overrides `cache_fraction`/`cpu_cache_gb`.
         cpu_cache_gb: on CPU, the KV cache size in GB.
         enable_prefix_caching: share full blocks across requests by content hash.
+        kv_cache_dtype: "auto" stores K/V in the model's dtype; "fp8" as FP8 e4m3 with a per-tensor scale
+            (1.0), half the bytes; "int8" as 8-bit codes with a float32 scale and zero point per token and
+            KV head; "int4" the same with 4-bit codes, a quarter of fp16's bytes plus the scales
+            (docs/KV_CACHE.md says what each costs in accuracy). The pool is sized by the chosen format's
+            bytes per token.
     """
 
     block_size: int = 16
@@ -42,6 +48,7 @@ class CacheConfig:
     num_blocks: int | None = None
     cpu_cache_gb: float = 0.25
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
@@ -49,6 +56,8 @@ class CacheConfig:
         _check(0.0 < self.cache_fraction <= 1.0, f"cache_fraction must be in (0, 1], got {self.cache_fraction}")
         _check(self.num_blocks is None or self.num_blocks >= 1, f"num_blocks must be >= 1, got {self.num_blocks}")
         _check(self.cpu_cache_gb > 0, f"cpu_cache_gb must be > 0, got {self.cpu_cache_gb}")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")  # fmt: skip
 
 
 # the prefill hold with CUDA graphs; chosen by benchmarks/serving.py, see docs/PERF.md#engine-and-host

@@ -29,34 +29,36 @@ dispatch.register(PREFILL, reference.paged_prefill_attention, prefill and prefil
 dispatch.register(VARLEN, reference.varlen_attention, varlen and varlen.varlen_attention)
 
 
-def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
-    impl = dispatch.get_impl(WRITE_KV, k_cache.dtype, device_for(k_cache))
-    return impl(k, v, k_cache, v_cache, slot_mapping)
+def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    """k_scale, v_scale: a quantized cache's scales, as its format takes them (kv_quant.py)."""
+    impl = dispatch.get_impl(WRITE_KV, k.dtype, device_for(k_cache))
+    return impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
-    config=None, cache_memo=None,
+    config=None, cache_memo=None, k_scale=None, v_scale=None,
 ):  # fmt: skip
     """config: the kernel config `num_splits` was planned for (plan.decode_plan), else the kernel plans.
-    cache_memo: a dict the caches' owner keeps with them and empties when it replaces them (decode.py)."""
+    cache_memo: a dict the caches' owner keeps with them and empties when it replaces them (decode.py).
+    k_scale, v_scale: a quantized cache's scales (kv_quant.py)."""
     impl = dispatch.get_impl(DECODE, q.dtype, device_for(q))
     return impl(
         q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, num_splits, out, softcap, config=config,
-        cache_memo=cache_memo,
+        cache_memo=cache_memo, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
 
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0, k=None, v=None, cache_memo=None,
+    sliding_window=None, softcap=0.0, k=None, v=None, cache_memo=None, k_scale=None, v_scale=None,
 ):  # fmt: skip
     """k, v: optionally the chunk's own rows (just written to the cache), read instead of their pages.
-    cache_memo: as paged_decode_attention's."""
+    cache_memo: as paged_decode_attention's. k_scale, v_scale: a quantized cache's scales (kv_quant.py)."""
     impl = dispatch.get_impl(PREFILL, q.dtype, device_for(q))
     return impl(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal, sliding_window,
-        softcap, k, v, cache_memo=cache_memo,
+        softcap, k, v, cache_memo=cache_memo, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
 
 

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlchat.kernels.attention import carveout, decode_ws, plan
+from vlchat.kernels.attention import carveout, decode_ws, kv_quant, plan
 from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
 from vlchat.kernels.attention.gluon_sm90 import LOG2E
 from vlchat.kernels.attention.pdl import dependent_launch, gdc_wait, launch_next_then_wait, pdl_options
@@ -55,14 +55,41 @@ def _tanh(x):
 
 
 @triton.jit
+def fp8_to_half(bits):
+    """e4m3 bits (uint8) -> float16 holding the value * 2**-8 (kv_quant.FP8_HALF_FACTOR): the exponent and
+    mantissa fields moved into a float16's, exact for every finite e4m3 value, subnormals included."""
+    h = bits.to(tl.uint16)
+    h = ((h & 0x7F) << 7) | ((h & 0x80) << 8)
+    return h.to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def dequant_tile(x, sz_rows, n_ok, offs_d, dtype, QUANT: tl.constexpr):
+    """A loaded K/V tile x [BLOCK_N, BLOCK_D] as `dtype`: QUANT 0 as is, 1 (fp8) its values * 2**-8 (the caller
+    folds 256 * scale in elsewhere), 2 (int8) code * scale + zero with each row's pair at sz_rows [BLOCK_N], 3
+    (int4) the same of the nibble dimension offs_d sits in (the tile loaded at byte columns offs_d // 2)."""
+    if QUANT == 1:
+        return fp8_to_half(x).to(dtype)
+    elif QUANT >= 2:
+        if QUANT == 3:
+            x = (x.to(tl.int32) >> ((offs_d % 2) * 4)[None, :]) & 15
+        row_scale = tl.load(sz_rows, mask=n_ok, other=0.0)
+        row_zero = tl.load(sz_rows + 1, mask=n_ok, other=0.0)
+        return (x.to(tl.float32) * row_scale[:, None] + row_zero[:, None]).to(dtype)
+    else:
+        return x
+
+
+@triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
-    scale, softcap, window, num_splits,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, ksz_ptr, vsz_ptr,
+    scale, softcap, window, num_splits, v_mul,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+    stride_sb, stride_st, stride_sh, stride_ub, stride_ut, stride_uh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     kvh = tl.program_id(0)
     b = tl.program_id(1)
@@ -80,6 +107,10 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g  # query heads of this KV head
     mask_g = offs_g < GROUP
     mask_d = offs_d < HEAD_DIM
+    if QUANT == 3:  # int4: two dimensions a byte
+        cols = offs_d // 2
+    else:
+        cols = offs_d
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_g[:, None] & mask_d[None, :],
@@ -97,10 +128,13 @@ def _decode_kernel(
         page = tl.load(table + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
         slot = offs_n % PAGE
         k = tl.load(
-            k_ptr + (page * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :],
+            k_ptr + (page * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + cols[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_D]
+        k = dequant_tile(
+            k, ksz_ptr + page * stride_sb + slot * stride_st + kvh * stride_sh, mask_n, offs_d, q.dtype, QUANT
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N] fp32
         if SOFTCAP:
             s = _tanh(s * (scale / softcap)) * (softcap * _LOG2E)
@@ -112,15 +146,20 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_ptr + (page * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :],
+            v_ptr + (page * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + cols[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )  # [BLOCK_N, BLOCK_D]
+        v = dequant_tile(
+            v, vsz_ptr + page * stride_ub + slot * stride_ut + kvh * stride_uh, mask_n, offs_d, q.dtype, QUANT
+        )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     o = acc / safe_l[:, None]
+    if QUANT == 1:
+        o = o * v_mul
     store_mask = mask_g[:, None] & mask_d[None, :]
     if DIRECT:
         dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -165,9 +204,11 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
             "q must be [batch, q_heads, head_dim]; k/v caches [num_blocks, block_size, kv_heads, head_dim]"
         )
     batch, q_heads, head_dim = q.shape
-    if k_cache.shape[3] != head_dim or q_heads % k_cache.shape[2]:
+    fmt = kv_quant.cache_format(k_cache, head_dim)
+    if k_cache.shape[3] != kv_quant.storage_dim(fmt, head_dim) or q_heads % k_cache.shape[2]:
         raise ValueError(f"head_dim/heads mismatch: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+    quantized = fmt != "auto"
+    if (not quantized and q.dtype != k_cache.dtype) or v_cache.dtype != k_cache.dtype:
         raise TypeError(f"q and the caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the last (head_dim) dimension of q and the caches must be contiguous")
@@ -180,15 +221,19 @@ def _check(q, k_cache, v_cache, block_tables, seq_lens):
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
     *, device=None, config: DecodeConfig | WsDecodeConfig | None = None, cache_memo: dict | None = None,
+    k_scale=None, v_scale=None,
 ):  # fmt: skip
     """Paged decode; `device` overrides the arch table (tests run other archs' configs) and `config` the plan's
     config (the engine passes the one its split count was planned with; tests pick one), else plan.decode_plan picks
     the config (and the split count when `num_splits` is None). A WsDecodeConfig runs the Gluon kernel where
     `decode_ws.available` and `supports` the call, else the Triton config decode_plan pairs with the same split
     count (plan.triton_config). `cache_memo`: a dict the caches' owner keeps with them (and empties when it
-    replaces them), where the Gluon kernel keeps their TMA descriptors (gluon_sm90.row_descriptor)."""
+    replaces them), where the Gluon kernel keeps their TMA descriptors (gluon_sm90.row_descriptor).
+    Quantized caches (kv_quant.py; k_scale/v_scale as their format takes them) run the Triton kernel, which
+    dequantizes each tile in registers; the plan gives them Triton configs only."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
+    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
     device = device or device_for(q)
     check_dtype(table_for(device), q.dtype)
     num_splits = None if num_splits is None else max(1, int(num_splits))
@@ -222,20 +267,35 @@ def paged_decode_attention(
             pdl, cache_memo,
         )  # fmt: skip
     else:
+        k_mul, v_mul, ksz, vsz, sz_strides = _quant_args(fmt, k_cache, k_scale, v_scale)
+        if fmt == "fp8":
+            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         launch_compiled(_decode_kernel, (kv_heads, batch, num_splits),
-            q, k_cache, v_cache, block_tables, seq_lens, out, part, lse,
-            float(scale), float(softcap or 1.0), int(sliding_window or 0), num_splits,
+            q, k_cache, v_cache, block_tables, seq_lens, out, part, lse, ksz, vsz,
+            float(scale * k_mul), float(softcap or 1.0), int(sliding_window or 0), num_splits, float(v_mul),
             q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-            block_tables.stride(0), out.stride(0), out.stride(1), *part_strides,
+            block_tables.stride(0), out.stride(0), out.stride(1), *part_strides, *sz_strides,
             GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, QUANT=kv_quant.QUANT_CODES[fmt],
             num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
         )  # fmt: skip
     if not direct:
         reduce_partials(part, lse, out, pdl)
     return out
+
+
+def _quant_args(fmt: str, k_cache, k_scale, v_scale):
+    """(multiplier folded into the score scale, multiplier of the output, K and V scale/zero tensors, their strides)
+    for a cache of format `fmt`: fp8 tiles convert to their values * 2**-8, the factor and the per-tensor scales
+    come back through the multipliers; int8 and int4 tiles read their rows' scale/zero pairs."""
+    if fmt == "fp8":
+        factor = kv_quant.FP8_HALF_FACTOR
+        return factor * kv_quant.fp8_scale(k_scale), factor * kv_quant.fp8_scale(v_scale), k_cache, k_cache, (0,) * 6
+    if fmt in kv_quant.LEVELS:
+        return 1.0, 1.0, k_scale, v_scale, (*k_scale.stride()[:3], *v_scale.stride()[:3])
+    return 1.0, 1.0, k_cache, k_cache, (0,) * 6
 
 
 def reduce_partials(part, lse, out, pdl: bool):

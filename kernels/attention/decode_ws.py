@@ -125,8 +125,8 @@ def available(device, group: int, page: int) -> bool:
 
 def supports(q, k_cache, v_cache, softcap) -> bool:
     """Whether this call can run here (else the Triton kernel runs it with the same split count): CUDA tensors,
-    no softcap, contiguous caches and a query whose heads are TMA-readable rows."""
-    if not on_sm90(device_for(q)) or (softcap and softcap > 0):
+    no softcap, unquantized contiguous caches (of q's dtype) and a query whose heads are TMA-readable rows."""
+    if not on_sm90(device_for(q)) or (softcap and softcap > 0) or k_cache.dtype != q.dtype:
         return False
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and tma_rows_ok(k_cache) and tma_rows_ok(v_cache)):
         return False

@@ -39,12 +39,13 @@ def decode_plan(
     At head_dim 64 the one-CTA Gluon config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon
     config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
     count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
-    (for a call the Gluon kernel cannot run)."""
+    (for a call the Gluon kernel cannot run); so does a quantized cache (kv_quant.py)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
-    ws = gluon and decode_ws.available(device, q_heads // kv_heads, page)
+    # quantized caches run the Triton kernel (decode_ws.supports refuses them)
+    ws = gluon and k_cache.dtype == q.dtype and decode_ws.available(device, q_heads // kv_heads, page)
     plans = [
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
         for c in one_wave_configs(table, head_dim, q.dtype, ws)
@@ -70,13 +71,14 @@ def decode_plan(
 
 
 def bound_plan(
-    batch: int, q_heads: int, kv_heads: int, head_dim: int, dtype, page: int, max_context: int, device
-) -> tuple[int, DecodeConfig | WsDecodeConfig]:
+    batch: int, q_heads: int, kv_heads: int, head_dim: int, dtype, page: int, max_context: int, device,
+    cache_dtype=None,
+) -> tuple[int, DecodeConfig | WsDecodeConfig]:  # fmt: skip
     """decode_plan for a batch given by its shapes and a context bound, with no tensors (the engine plans its
-    batch and context buckets before any step runs them): the query and cache on the meta device, the block table
-    as wide as `max_context` keys need."""
+    batch and context buckets before any step runs them): the query and cache (of `cache_dtype`, default the
+    query's) on the meta device, the block table as wide as `max_context` keys need."""
     q = torch.empty(batch, q_heads, head_dim, dtype=dtype, device="meta")
-    k_cache = torch.empty(1, page, kv_heads, head_dim, dtype=dtype, device="meta")
+    k_cache = torch.empty(1, page, kv_heads, head_dim, dtype=cache_dtype or dtype, device="meta")
     tables = torch.empty(batch, -(-max_context // page), dtype=torch.int32, device="meta")
     return decode_plan(q, k_cache, tables, device)
 
@@ -161,7 +163,7 @@ def decode_splits(
         gluon = isinstance(config, WsDecodeConfig)
         max_splits = max_context // split_model.DEEP_MIN_TOKENS if gluon else split_model.MAX_SPLITS
     return split_model.choose_num_splits(
-        batch, kv_heads, q_heads // kv_heads, max_context, head_dim, q.element_size(),
+        batch, kv_heads, q_heads // kv_heads, max_context, head_dim, k_cache.element_size(),
         _sm_count(device), config.ctas_per_sm, config.block_n, table_for(device).bandwidth_gbs, max_splits,
         unsplit_rule,
     )  # fmt: skip

@@ -25,9 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vlchat.kernels.attention import launch_order, prefill_ws
+from vlchat.kernels.attention import kv_quant, launch_order, prefill_ws
 from vlchat.kernels.attention.configs import PrefillConfig, WsPrefillConfig, check_dtype, table_for
-from vlchat.kernels.attention.decode import _tanh
+from vlchat.kernels.attention.decode import _quant_args, _tanh, dequant_tile
 from vlchat.kernels.attention.gluon_sm90 import LOG2E, tma_rows_ok
 from vlchat.kernels.device import device_for
 from vlchat.kernels.launch import launch_compiled
@@ -52,14 +52,30 @@ def _tile(base, offs_n, offs_d, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.con
 
 
 @triton.jit
+def _dequant(x, sz_rows, n_ok, offs_d, mul, dtype, QUANT: tl.constexpr):
+    """A paged K/V tile of a quantized cache as `dtype` (decode.dequant_tile, the fp8 multiplier applied)."""
+    x = dequant_tile(x, sz_rows, n_ok, offs_d, dtype, QUANT)
+    if QUANT == 1:
+        x = (x.to(tl.float32) * mul).to(dtype)
+    return x
+
+
+@triton.jit
 def _keys(
     acc, l_i, m_i, q, k_src, v_src, table, lo, hi, key_off, limit, pos, window, pre_scale, post_scale,
-    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    QUANT: tl.constexpr,
 ):  # fmt: skip
     """Keys lo..hi (source-local index t; absolute position key_off + t) into the online softmax.
-    SRC: 0 the paged cache through the block table, 1 contiguous rows by pointers, 2 rows by TMA descriptors."""
+    SRC: 0 the paged cache through the block table, 1 contiguous rows by pointers, 2 rows by TMA descriptors.
+    QUANT (the paged source only): the cache's format (kv_quant.QUANT_CODES); quant = (K scale/zero pointer,
+    V scale/zero pointer, their block and token strides, the fp8 multipliers of K and V)."""
+    if QUANT == 3:  # int4 pages: two dimensions a byte
+        cols = offs_d // 2
+    else:
+        cols = offs_d
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_ok = offs_t < limit
@@ -73,7 +89,11 @@ def _keys(
             else:
                 k_rows = offs_t.to(tl.int64) * stride_kt
                 v_rows = offs_t.to(tl.int64) * stride_vt
-            k = _tile(k_src, k_rows, offs_d, t_ok, d_ok, MASKED, EVEN_D)  # [BLOCK_N, BLOCK_D]
+            k = _tile(k_src, k_rows, cols, t_ok, d_ok, MASKED, EVEN_D)  # [BLOCK_N, BLOCK_D]
+            if QUANT != 0:
+                ksz, vsz, stride_sb, stride_st, stride_ub, stride_ut, k_mul, v_mul = quant
+                k_sz = ksz + page * stride_sb + (offs_t % PAGE) * stride_st
+                k = _dequant(k, k_sz, t_ok, offs_d, k_mul, q.dtype, QUANT)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = _tanh(s * pre_scale) * post_scale
@@ -101,7 +121,10 @@ def _keys(
         if SRC == 2:
             v = v_src.load([row0 + t0, col0])
         else:
-            v = _tile(v_src, v_rows, offs_d, t_ok, d_ok, MASKED, EVEN_D)
+            v = _tile(v_src, v_rows, cols, t_ok, d_ok, MASKED, EVEN_D)
+            if QUANT != 0:
+                v_sz = vsz + page * stride_ub + (offs_t % PAGE) * stride_ut
+                v = _dequant(v, v_sz, t_ok, offs_d, v_mul, q.dtype, QUANT)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -110,9 +133,10 @@ def _keys(
 @triton.jit
 def _span(
     acc, l_i, m_i, q, k_src, v_src, table, key_off, limit, first, last, pos, window, pre_scale, post_scale,
-    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
+    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    QUANT: tl.constexpr,
 ):  # fmt: skip
     """One source's keys t in [0, limit) (absolute position key_off + t) for query rows first..last."""
     if CAUSAL:
@@ -134,18 +158,18 @@ def _span(
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
     acc, l_i, m_i = _keys(
         acc, l_i, m_i, q, k_src, v_src, table, lo, full_lo, key_off, limit, pos, window, pre_scale, post_scale,
-        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
+        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
     )  # fmt: skip
     acc, l_i, m_i = _keys(
         acc, l_i, m_i, q, k_src, v_src, table, full_lo, full_hi, key_off, limit, pos, window, pre_scale, post_scale,
-        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
+        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
     )  # fmt: skip
     acc, l_i, m_i = _keys(
         acc, l_i, m_i, q, k_src, v_src, table, full_hi, hi, key_off, limit, pos, window, pre_scale, post_scale,
-        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt,
-        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
+        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
     )  # fmt: skip
     return acc, l_i, m_i
 
@@ -153,13 +177,14 @@ def _span(
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, q_desc, k_desc, v_desc, cu_q_ptr, kv_lens_ptr, tables_ptr,
-    pre_scale, post_scale, window,
+    ksz_ptr, vsz_ptr, pre_scale, post_scale, window, k_mul, v_mul,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_ct, stride_ch, stride_db, stride_dt, stride_dh, stride_ot, stride_oh, stride_tb,
+    stride_sb, stride_st, stride_sh, stride_ub, stride_ut, stride_uh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, ROWS: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     h, m_blk = launch_order.program_tile(HEADS_FIRST)
     b = tl.program_id(1)
@@ -195,25 +220,27 @@ def _prefill_kernel(
             paged_end = prefix
         else:
             paged_end = kv_len
+        quant = (ksz_ptr + kvh * stride_sh, vsz_ptr + kvh * stride_uh, stride_sb, stride_st, stride_ub, stride_ut,
+                 k_mul, v_mul)  # fmt: skip
         acc, l_i, m_i = _span(
             acc, l_i, m_i, q, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_dh,
             tables_ptr + b.to(tl.int64) * stride_tb, 0, paged_end, first, last, pos, window, pre_scale, post_scale,
-            offs_d, d_ok, 0, 0, stride_cb, stride_ct, stride_db, stride_dt,
-            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
+            offs_d, d_ok, 0, 0, stride_cb, stride_ct, stride_db, stride_dt, quant,
+            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
         )  # fmt: skip
     if ROWS:  # the chunk's own keys, contiguous rows from q_start
         if TMA:
             acc, l_i, m_i = _span(
                 acc, l_i, m_i, q, k_desc, v_desc, tables_ptr, prefix, q_len, first, last, pos, window,
-                pre_scale, post_scale, offs_d, d_ok, q_start, kvh * HEAD_DIM, 0, 0, 0, 0,
-                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
+                pre_scale, post_scale, offs_d, d_ok, q_start, kvh * HEAD_DIM, 0, 0, 0, 0, 0,
+                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, 0,
             )  # fmt: skip
         else:
             acc, l_i, m_i = _span(
                 acc, l_i, m_i, q, k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh,
                 v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh, tables_ptr, prefix, q_len, first, last,
-                pos, window, pre_scale, post_scale, offs_d, d_ok, 0, 0, 0, stride_kt, 0, stride_vt,
-                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION,
+                pos, window, pre_scale, post_scale, offs_d, d_ok, 0, 0, 0, stride_kt, 0, stride_vt, 0,
+                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, 0,
             )  # fmt: skip
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + offs_m).to(tl.int64) * stride_ot + h * stride_oh
@@ -244,14 +271,19 @@ def _tma_descriptors(q, k, v, config):
     return None if None in descs else descs
 
 
-def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, softcap, config):
+def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seqlen_q, causal, window, softcap, config,
+           k_scale=None, v_scale=None):  # fmt: skip
     """Launch the shared kernel. k/v: the chunk's own rows [tokens, kv_heads, d] or None; k_cache/v_cache:
-    paged caches [blocks, page, kv_heads, d] or None (varlen)."""
+    paged caches [blocks, page, kv_heads, d] or None (varlen), quantized as kv_quant.py says with k_scale/v_scale."""
     batch = cu_q.shape[0] - 1
     q_heads, head_dim = q.shape[1], q.shape[2]
     paged, rows = k_cache is not None, k is not None
     kv_heads = (k if rows else k_cache).shape[-2]
     descs = _tma_descriptors(q, k, v, config)
+    fmt = kv_quant.cache_format(k_cache, head_dim) if paged else "auto"
+    k_mul, v_mul, ksz, vsz, sz_strides = _quant_args(fmt, k_cache, k_scale, v_scale)
+    if fmt == "fp8":
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     kc, vc = (k_cache, v_cache) if paged else (k, v)
     kr, vr = (k, v) if rows else (k_cache, v_cache)
     c_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if paged else (0,) * 6
@@ -264,25 +296,26 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     m_blocks = triton.cdiv(max(int(max_seqlen_q), 1), config.block_m)
     grid, heads_first = launch_order.grid(q_heads, batch, m_blocks)
     launch_compiled(_prefill_kernel, grid,
-        q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables,
-        float(pre_scale), float(post_scale), int(window or 0),
+        q, kr, vr, kc, vc, out, *(descs or (q, kr, vr)), cu_q, kv_lens, tables, ksz if paged else q, vsz if paged else q,
+        float(pre_scale), float(post_scale), int(window or 0), float(k_mul), float(v_mul),
         q.stride(0), q.stride(1), *r_strides, *c_strides, out.stride(0), out.stride(1),
-        tables.stride(0) if tables.dim() == 2 else 0,
+        tables.stride(0) if tables.dim() == 2 else 0, *sz_strides,
         GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE=k_cache.shape[1] if paged else 1, PAGED=paged,
         ROWS=rows, TMA=descs is not None, CAUSAL=bool(causal),
         HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=softcapped, EVEN_D=block_d == head_dim,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEADS_FIRST=heads_first,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        QUANT=kv_quant.QUANT_CODES[fmt], num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
 
 
 def _check_operands(q, k, v):
-    """k, v: caches or rows, heads in dim -2."""
+    """k, v: caches or rows, heads in dim -2 (quantized caches keep their own dtype: kv_quant.py)."""
     if q.shape[1] % k.shape[-2]:
         raise ValueError(f"q_heads {q.shape[1]} is not a multiple of kv_heads {k.shape[-2]}")
-    if q.dtype != k.dtype or v.dtype != k.dtype:
+    quantized = kv_quant.cache_format(k, q.shape[-1]) != "auto"
+    if (not quantized and q.dtype != k.dtype) or v.dtype != k.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("the last (head_dim) dimension of q, k and v must be contiguous")
@@ -310,23 +343,28 @@ def ws_plan(q, k, v, k_cache, v_cache, causal, window, softcap, device, config) 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
     sliding_window=None, softcap=0.0, k=None, v=None, *, device=None, config: PrefillConfig | None = None, out=None,
-    cache_memo: dict | None = None,
+    cache_memo: dict | None = None, k_scale=None, v_scale=None,
 ):  # fmt: skip
     """Paged prefill: the warp-specialized Gluon kernel where `ws_plan` allows (sm_90), else the Triton kernel;
     `device`/`config` override the arch table (tests run other archs' configs; a config forces Triton).
 
     k, v (optional): the chunk's own K/V rows [total_q, kv_heads, head_dim], the ones just written to the
     cache; given, the chunk's keys are read from them and only the cached prefix from the pages.
-    cache_memo: as paged_decode_attention's."""
+    cache_memo: as paged_decode_attention's. Quantized caches (kv_quant.py; k_scale/v_scale as their format takes
+    them) run the Triton kernel, which dequantizes the prefix's tiles in registers; the chunk's own rows (k, v)
+    are read as they are."""
     # q: [total_q, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError("q must be [tokens, q_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]")
+    if k_cache.shape[3] != kv_quant.storage_dim(kv_quant.cache_format(k_cache, q.shape[2]), q.shape[2]):
+        raise ValueError(f"head_dim mismatch: q {tuple(q.shape)}, caches {tuple(k_cache.shape)}")
     if (k is None) != (v is None):
         raise ValueError("pass both k and v (the chunk's rows), or neither")
     if k is not None and (k.shape != v.shape or k.shape != (q.shape[0], k_cache.shape[2], q.shape[2])):
         raise ValueError("k and v must be [total_q, kv_heads, head_dim], the rows of the chunk's tokens")
     if cu_seqlens_q.dtype != torch.int32 or seq_lens.dtype != torch.int32 or block_tables.dtype != torch.int32:
         raise TypeError("cu_seqlens_q, seq_lens and block_tables must be int32")
+    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
     ws = ws_plan(q, k, v, k_cache, v_cache, causal, sliding_window, softcap, device, config)
     config, out = prepare(q, k_cache, v_cache, device, config, out)
     if k is not None:
@@ -340,5 +378,5 @@ def paged_prefill_attention(
         )  # fmt: skip
     return launch(
         q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_seqlen_q, causal,
-        sliding_window, softcap, config,
+        sliding_window, softcap, config, k_scale, v_scale,
     )  # fmt: skip

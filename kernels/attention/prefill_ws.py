@@ -66,13 +66,15 @@ def smem_bytes(config, head_dim: int, elem_size: int) -> int:
 
 def supports(q, k, v, k_cache, v_cache, softcap) -> bool:
     """Whether this kernel can run the call (otherwise the Triton kernel does): Gluon and an sm_90 GPU, the
-    chunk's rows given, no softcap, TMA-readable tensors. Dtype and head_dim are the config table's to decide
+    chunk's rows given, no softcap, unquantized caches, TMA-readable tensors. Dtype and head_dim are the config table's to decide
     (`ArchTable.prefill_ws_config`); the capability is checked here because newer archs take sm_90's table."""
     if not on_sm90(device_for(q)):
         return False
     if k is None or (softcap and softcap > 0):
         return False
     caches = () if k_cache is None else (k_cache, v_cache)
+    if any(c.dtype != q.dtype for c in caches):  # quantized caches: the Triton kernel dequantizes them
+        return False
     if any(c.shape[1] not in TMA_PAGES or not c.is_contiguous() for c in caches):  # pages flattened to rows
         return False
     return all(tma_rows_ok(t) for t in (q, k, v, *caches))

@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vlchat.kernels.attention import kv_quant
+
 # Bound on the elements of one score matrix [heads, q_chunk, keys] in prefill.
 _SCORE_ELEMENTS = 1 << 25
 
@@ -38,16 +40,17 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
-    """Store k/v rows into their paged-cache slots; slots < 0 are skipped."""
+def write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    """Store k/v rows into their paged-cache slots, quantized as the cache's format (kv_quant.py); slots < 0 are
+    skipped."""
     # k, v: [tokens, kv_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, k.shape[-1])
     slots = slot_mapping.to(torch.long)
     keep = slots >= 0
     if not bool(keep.all()):
         slots, k, v = slots[keep], k[keep], v[keep]
-    k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
+    kv_quant.write_rows(k, k_cache, k_scale, slots)
+    kv_quant.write_rows(v, v_cache, v_scale, slots)
 
 
 def _softmax_rows(scores, visible):
@@ -79,13 +82,15 @@ def _visible(q_pos, k_pos, kv_len, causal, sliding_window):
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window=None, num_splits=None, out=None, softcap=0.0,
-    *, config=None, cache_memo=None,
+    *, config=None, cache_memo=None, k_scale=None, v_scale=None,
 ):  # fmt: skip
     """One query token per sequence against its paged K/V (num_splits, the kernel config and the caches' descriptor
-    memo are ignored here)."""
+    memo are ignored here); quantized caches (kv_quant.py) are dequantized as they are gathered."""
     # q: [batch, q_heads, head_dim]; block_tables: [batch, max_blocks]; seq_lens: [batch]
+    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
     if _fused_cpu(q, softcap):
-        return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out)
+        return _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out, k_scale, v_scale,
+                            fmt)  # fmt: skip
     batch, q_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
@@ -96,8 +101,10 @@ def paged_decode_attention(
         tables = tables[:, : max(used, 1)]
     tables = tables.clamp(0, num_blocks - 1)  # entries past a sequence's end may be garbage
     ctx = tables.shape[1] * block_size
-    keys = k_cache[tables].reshape(batch, ctx, kv_heads, head_dim).to(acc)  # [batch, ctx, kv_heads, d]
-    vals = v_cache[tables].reshape(batch, ctx, kv_heads, head_dim).to(acc)
+    keys = _rows(k_cache, k_scale, tables, acc, fmt).reshape(
+        batch, ctx, kv_heads, head_dim
+    )  # [batch, ctx, kv_heads, d]
+    vals = _rows(v_cache, v_scale, tables, acc, fmt).reshape(batch, ctx, kv_heads, head_dim)
     qg = q.reshape(batch, kv_heads, group, head_dim).to(acc)  # [batch, kv_heads, group, d]
     scores = torch.einsum("bhgd,bchd->bhgc", qg, keys)  # [batch, kv_heads, group, ctx]
     scores = _scale_and_cap(scores, scale, softcap)
@@ -112,7 +119,7 @@ def paged_decode_attention(
     return out
 
 
-def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out):
+def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, out, k_scale, v_scale, fmt):
     """paged_decode_attention on the CPU in fp32 without softcap (module doc): per sequence, SDPA over the keys its
     query sees (the last `sliding_window` of them with a window), GQA through enable_gqa."""
     out = torch.empty_like(q) if out is None else out
@@ -121,8 +128,8 @@ def _decode_sdpa(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_win
         if length <= start:
             out[b] = 0.0  # no key: a zero row, as everywhere here
             continue
-        k = _gather_paged(k_cache, block_tables[b], length)[start:]
-        v = _gather_paged(v_cache, block_tables[b], length)[start:]
+        k = _gather_paged(k_cache, block_tables[b], length, k_scale, q.dtype, fmt)[start:]
+        v = _gather_paged(v_cache, block_tables[b], length, v_scale, q.dtype, fmt)[start:]
         out[b : b + 1] = _sdpa_rows(q[b : b + 1], k, v, scale)
     return out
 
@@ -166,24 +173,39 @@ def _attend(q, k, v, q_start, scale, causal, sliding_window, softcap, out):
         out[lo:hi] = res.reshape(hi - lo, q_heads, head_dim).to(out.dtype)
 
 
-def _gather_paged(cache, table_row, length):
-    """The first `length` rows [length, kv_heads, head_dim] of one sequence's paged cache."""
+def _rows(cache, scale, index, dtype, fmt):
+    """cache[index] as `dtype`, dequantized where the cache's format `fmt` is quantized (kv_quant.py)."""
+    if fmt == "fp8":  # indexing has no float8 kernel on the CPU: index the bits
+        return kv_quant.dequantize(cache.view(torch.uint8)[index].view(cache.dtype), scale, dtype, fmt)
+    if fmt in kv_quant.LEVELS:
+        return kv_quant.dequantize(cache[index], scale[index], dtype, fmt)
+    return cache[index].to(dtype)
+
+
+def _gather_paged(cache, table_row, length, scale=None, dtype=None, fmt="auto"):
+    """The first `length` rows [length, kv_heads, head_dim] of one sequence's paged cache: as stored, or
+    dequantized to `dtype` where given (a quantized cache needs it, with its scale and format)."""
     block_size = cache.shape[1]
     used = (length + block_size - 1) // block_size
-    rows = cache[table_row[:used].to(torch.long)]  # [used, block_size, kv_heads, d]
-    return rows.reshape(used * block_size, *cache.shape[2:])[:length]
+    index = table_row[:used].to(torch.long)
+    rows = cache[index] if dtype is None else _rows(cache, scale, index, dtype, fmt)  # [used, block_size, kv_heads, d]
+    return rows.reshape(used * block_size, *rows.shape[2:])[:length]
 
 
 def paged_prefill_attention(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, max_seqlen_q, causal=True,
-    sliding_window=None, softcap=0.0, k=None, v=None, *, cache_memo=None,
+    sliding_window=None, softcap=0.0, k=None, v=None, *, cache_memo=None, k_scale=None, v_scale=None,
 ):  # fmt: skip
     """Varlen queries (the last tokens of each sequence) against their paged K/V, prefix included (the caches'
     descriptor memo is ignored here).
 
-    k, v (the chunk's own rows, already in the cache) are accepted for the Triton signature; the
-    reference reads every key from the pages."""
+    k, v (the chunk's own rows, already in the cache): given with an unquantized cache, the reference still reads
+    every key from the pages (the same values); given with a quantized cache, the chunk's keys come from them
+    unquantized and only the prefix from the (dequantized) pages, as the Triton kernel reads them."""
     # q: [total_q, q_heads, head_dim]; cu_seqlens_q: [batch + 1]; seq_lens: [batch]
+    fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
+    quantized = fmt != "auto"
+    rows = (k, v) if quantized and k is not None else None
     out = torch.empty_like(q)
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
@@ -191,9 +213,12 @@ def paged_prefill_attention(
         lo, hi = starts[i], starts[i + 1]
         if hi == lo:
             continue
-        k = _gather_paged(k_cache, block_tables[i], kv_len)
-        v = _gather_paged(v_cache, block_tables[i], kv_len)
-        _attend(q[lo:hi], k, v, kv_len - (hi - lo), scale, causal, sliding_window, softcap, out[lo:hi])
+        paged = kv_len - (hi - lo) if rows else kv_len
+        keys = _gather_paged(k_cache, block_tables[i], paged, k_scale, q.dtype if quantized else None, fmt)
+        vals = _gather_paged(v_cache, block_tables[i], paged, v_scale, q.dtype if quantized else None, fmt)
+        if rows:
+            keys, vals = torch.cat((keys, rows[0][lo:hi].to(q.dtype))), torch.cat((vals, rows[1][lo:hi].to(q.dtype)))
+        _attend(q[lo:hi], keys, vals, kv_len - (hi - lo), scale, causal, sliding_window, softcap, out[lo:hi])
     return out
 
 

@@ -99,6 +99,10 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     @property
+    def kv_cache_tokens(self) -> int:
+        return self.engine.kv_cache_tokens
+
+    @property
     def tokenizer(self):
         return self.engine.tokenizer
 

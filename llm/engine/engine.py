@@ -89,14 +89,19 @@ class LLMEngine:
         self._touched: dict[str, Request] = {}  # requests with tokens collected but not reported yet
         self._failed: list[RequestFailedError] = []  # requests that failed alone, not handed out yet (take_failures)
         logger.info(
-            "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d",
+            "engine ready: %s, %s on %s, %d KV blocks of %d tokens (%d tokens, %s KV cache), max_model_len %d",
             config.served_model_name, self.runner.dtype, self.runner.device, self.runner.num_blocks,
-            config.cache.block_size, self.max_model_len,
+            config.cache.block_size, self.kv_cache_tokens, config.cache.kv_cache_dtype, self.max_model_len,
         )  # fmt: skip
 
     @property
     def model_name(self) -> str:
         return self.config.served_model_name
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens the whole KV pool holds (every sequence together, before prefix sharing)."""
+        return self.block_manager.num_blocks * self.block_manager.block_size
 
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks

@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import torch
 
+from vlchat.kernels.attention import kv_quant
 from vlchat.kernels.device import device_for, get_device_info
 from vlchat.llm.config import EngineConfig
 from vlchat.llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use_context
@@ -84,6 +85,7 @@ class ModelRunner:
         bf16 = self.device.type != "cuda" or get_device_info().supports_bf16
         self.dtype = pick_dtype(hf_config, config.dtype, self.device, bf16)
         self.block_size = config.cache.block_size
+        self.kv_cache_dtype = config.cache.kv_cache_dtype
         self.max_model_len = max_model_len
         self.model = load_model(config.model, self.dtype, self.device, progress=False, hf_config=hf_config,
                                 random_weights=config.load_format == "dummy")  # fmt: skip
@@ -91,6 +93,11 @@ class ModelRunner:
         extend_rope_tables(self.model, max_model_len)  # an override may exceed the config's length
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        for attn in self.attn_layers:  # a format the model's heads cannot take fails here, before any memory is sized
+            try:
+                kv_quant.storage_dim(self.kv_cache_dtype, attn.head_dim)
+            except kv_quant.KVCacheFormatError as e:
+                raise InvalidRequestError(str(e)) from e
         self.rope_tracks_length = any(
             isinstance(m, RotaryEmbedding) and m.needs_length_update for m in self.model.modules()
         )
@@ -149,15 +156,19 @@ class ModelRunner:
                 break
             self.launch(seqs).result()
             used = max(used, needed)
-        for k, v in self.kv_caches:
-            k[:used].zero_()
-            v[:used].zero_()
+        for cache in (*self.kv_caches, *self.kv_scale_tensors):
+            for t in cache:
+                t[:used].zero_()
 
     # -- memory -------------------------------------------------------------
 
     def block_bytes(self) -> int:
-        per_token = sum(2 * a.num_kv_heads * a.head_dim for a in self.attn_layers)
-        return per_token * self.block_size * torch.empty(0, dtype=self.dtype).element_size()
+        """Bytes of one block over all layers' K and V caches in the chosen format (int8 scales included)."""
+        per_token = sum(
+            kv_quant.bytes_per_token(self.kv_cache_dtype, a.num_kv_heads, a.head_dim, self.dtype)
+            for a in self.attn_layers
+        )
+        return per_token * self.block_size
 
     @torch.inference_mode()
     def _warm_up(self, max_tokens: int, max_seqs: int) -> None:
@@ -195,12 +206,18 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> None:
         self.kv_caches = []
+        self.kv_scale_tensors = []  # the int8 caches' per-token scale/zero tensors, zeroed with the caches
         for attn in self.attn_layers:
-            shape = (self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # zeros: padded graph rows read them
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            # zeros: padded graph rows read them
+            k, v, k_scale, v_scale = kv_quant.allocate(
+                self.kv_cache_dtype, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim, self.dtype,
+                self.device,
+            )  # fmt: skip
+            attn.kv_scales = (k_scale, v_scale)
             attn.kv_cache = (k, v)
             self.kv_caches.append((k, v))
+            if isinstance(k_scale, torch.Tensor):
+                self.kv_scale_tensors.append((k_scale, v_scale))
 
     # -- one step -----------------------------------------------------------
 
@@ -220,7 +237,7 @@ class ModelRunner:
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             self._plans[bucket, context] = plan.bound_plan(
                 bucket, attn.num_heads, k_cache.shape[2], attn.head_dim, self.dtype, self.block_size, context,
-                device_for(k_cache),
+                device_for(k_cache), cache_dtype=k_cache.dtype,
             )  # fmt: skip
         return self._plans[bucket, context]
 
@@ -396,5 +413,7 @@ class ModelRunner:
         reset_context()
         for attn in self.attn_layers:
             attn.kv_cache = None
+            attn.kv_scales = (None, None)
         self.kv_caches = []
+        self.kv_scale_tensors = []
         self.graphs = None

@@ -2,7 +2,11 @@
 
 It reads the step's `AttentionMetadata` (llm/engine/context.py) and its own
 `kv_cache`, a `(k_cache, v_cache)` pair of `[num_blocks, block_size, kv_heads,
-head_dim]` tensors that the model runner assigns after allocating the cache.
+head_dim]` tensors that the model runner assigns after allocating the cache,
+with `kv_scales` (k_scale, v_scale) where the cache is quantized
+(kernels/attention/kv_quant.py: fp8 per-tensor scales, int8/int4 per-token scale/zero tensors).
+With an int8 or int4 cache, q, k and v are rotated by a Hadamard matrix before
+the write and the kernels and the output rotated back (`kv_quant.rotation`).
 
 Without metadata or without a cache (a profiling or warm-up pass before the
 cache exists) the batch is attended to contiguously, causally, with no cache
@@ -16,7 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlchat.kernels.attention import paged_decode_attention, paged_prefill_attention, varlen_attention, write_kv_cache
+from vlchat.kernels.attention import (
+    kv_quant,
+    paged_decode_attention,
+    paged_prefill_attention,
+    varlen_attention,
+    write_kv_cache,
+)
 from vlchat.llm.engine.context import get_context
 
 
@@ -49,6 +59,8 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window or None
         self.softcap = softcap
         self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_scales: tuple = (None, None)  # the cache's (k_scale, v_scale) as its format takes them
+        self._rotation: dict = {}  # dtype -> the int8/int4 caches' row rotation (kv_quant.rotation); else empty
         self._cache_memo: dict = {}  # what kernels keep per cache (TMA descriptors, stealing counters), emptied with it
 
     @property
@@ -59,42 +71,60 @@ class Attention(nn.Module):
     def kv_cache(self, caches: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         self._kv_cache = caches
         self._cache_memo = {}
+        self._rotation = {}
+        if caches is not None and kv_quant.cache_format(caches[0], self.head_dim) in kv_quant.LEVELS:
+            h = kv_quant.rotation(self.head_dim, caches[0].device)
+            # made here in every float dtype, so that no step (a CUDA-graph capture included) allocates it
+            self._rotation = {dtype: h.to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]
         ctx = get_context()
         if ctx is None or self.kv_cache is None:
             return self._contiguous(q, k, v, ctx)
+        if not self._rotation:
+            return self._paged(q, k, v, ctx)
+        # int8/int4 caches store rows rotated by H (kv_quant.rotation): q @ H / n . k @ H = q . k, and the output
+        # of the rotated values comes back through H / n
+        h = self._rotation[q.dtype]
+        inv_n = 1.0 / kv_quant.hadamard_block(self.head_dim)
+        return self._paged((q @ h) * inv_n, k @ h, v @ h, ctx) @ h * inv_n
+
+    def _paged(self, q, k, v, ctx) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache
-        write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping)
+        k_scale, v_scale = self.kv_scales
+        write_kv_cache(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
         if ctx.is_prefill and ctx.num_decode_seqs:
             return self._mixed(q, k, v, k_cache, v_cache, ctx)
-        if ctx.is_prefill:  # the chunk's keys from k/v as they are, the cached prefix from the pages
+        if ctx.is_prefill:  # the chunk's keys from k/v as they are (_rows), the cached prefix from the pages
+            rows_k, rows_v = _rows(k, v, k_cache)
             return paged_prefill_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,
-                ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap, k=k, v=v,
-                cache_memo=self._cache_memo,
+                ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap, k=rows_k,
+                v=rows_v, cache_memo=self._cache_memo, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
         return paged_decode_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap,
-            config=ctx.decode_config, cache_memo=self._cache_memo,
+            config=ctx.decode_config, cache_memo=self._cache_memo, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
 
     def _mixed(self, q, k, v, k_cache, v_cache, ctx) -> torch.Tensor:
         """Decode rows (the first num_decode_seqs, one token each) on the split-k decode kernel, the
         prefill rows on the prefill kernel."""
         nd = ctx.num_decode_seqs
+        k_scale, v_scale = self.kv_scales
+        rows_k, rows_v = _rows(k[nd:], v[nd:], k_cache)
         out = torch.empty_like(q)  # [tokens, heads, head_dim]
         paged_decode_attention(
             q[:nd], k_cache, v_cache, ctx.block_tables[:nd], ctx.seq_lens[:nd], self.scale,
             sliding_window=self.sliding_window, num_splits=ctx.num_splits, softcap=self.softcap, out=out[:nd],
-            config=ctx.decode_config, cache_memo=self._cache_memo,
+            config=ctx.decode_config, cache_memo=self._cache_memo, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         out[nd:] = paged_prefill_attention(
             q[nd:], k_cache, v_cache, ctx.prefill_block_tables, ctx.prefill_cu_seqlens_q, ctx.prefill_seq_lens,
             self.scale, ctx.max_seqlen_q, causal=True, sliding_window=self.sliding_window, softcap=self.softcap,
-            k=k[nd:], v=v[nd:], cache_memo=self._cache_memo,
+            k=rows_k, v=rows_v, cache_memo=self._cache_memo, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
         return out
 
@@ -106,3 +136,10 @@ class Attention(nn.Module):
             cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=q.device)
             max_seqlen = tokens
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, self.scale, causal=True)
+
+
+def _rows(k, v, k_cache):
+    """The chunk's own K/V rows for the prefill kernel to read instead of their pages, or (None, None) where the
+    cache is quantized: every key is then read back from the cache, as stored, so a token's attention is the same
+    whether its keys were written this step, by an earlier chunk, by a prefix-cache hit or before a preemption."""
+    return (k, v) if k_cache.dtype == k.dtype else (None, None)

@@ -25,12 +25,14 @@ def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
     monkeypatch.setenv("VLCHAT_API_KEY", "from-env")
     args = build_parser().parse_args(["serve", "--auth", "ann:pw", "--allow-remote-images",
                                       "--allowed-local-media-path", str(tmp_path), "--max-model-len", "256",
-                                      "--prefill-delay-steps", "4", "--no-async-scheduling"])  # fmt: skip
+                                      "--prefill-delay-steps", "4", "--no-async-scheduling",
+                                      "--kv-cache-dtype", "fp8"])  # fmt: skip
     config = server_config(args)
     assert (config.host, config.port, config.share) == ("127.0.0.1", 7860, False)  # local only by default
     assert config.auth == ("ann", "pw") and config.api_key == "from-env" and config.analytics_enabled is False
     assert config.media.allow_remote and config.media.allowed_local_dir == str(tmp_path.resolve())
-    assert config.engine_options == {"max_model_len": 256, "prefill_delay_steps": 4, "async_scheduling": False}
+    assert config.engine_options == {"max_model_len": 256, "prefill_delay_steps": 4, "async_scheduling": False,
+                                     "kv_cache_dtype": "fp8"}  # fmt: skip
 
 
 def test_tensor_parallel_options_reach_the_engine(monkeypatch):
@@ -121,7 +123,7 @@ def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "vlchat.app.cli", "serve", "--model", tiny_engine.config.model, "--port", str(port),
-           "--max-model-len", "256", "--num-blocks", "32", "--api-key", "k"]  # fmt: skip
+           "--max-model-len", "256", "--num-blocks", "32", "--api-key", "k", "--kv-cache-dtype", "int8"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -142,7 +144,9 @@ def test_vlchat_serve_runs_and_stops_on_ctrl_c(tiny_engine, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert f"at http://127.0.0.1:{port}" in proc.stdout.read()
+    printed = proc.stdout.read()
+    assert f"at http://127.0.0.1:{port}" in printed
+    assert "KV cache: 512 tokens (int8 cache, 16-token blocks), max_model_len 256" in printed
 
 
 def test_share_link_failure_is_one_line_and_serving_goes_on(monkeypatch, capsys):

@@ -23,7 +23,7 @@ from vlchat.kernels.ops.linear import _gemv_kernel
 from vlchat.kernels.ops.rms_norm import _rms_norm_kernel
 from vlchat.kernels.ops.rotary import _rotary_kernel
 
-FLOATS = ("scale", "softcap", "qk_scale", "eps", "weight_offset")
+FLOATS = ("scale", "softcap", "qk_scale", "eps", "weight_offset", "v_mul", "k_scale", "v_scale")
 PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64",
              "pos_ptr": "*i64", "cache_ptr": "*fp32", "counters_ptr": "*i32"}  # fmt: skip
 MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
@@ -99,12 +99,14 @@ def paged_read_ptx(config) -> str:
 
 
 def main() -> None:
-    consts = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SOFTCAP=False, DIRECT=False)
+    consts = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SOFTCAP=False, DIRECT=False,
+                  QUANT=0)  # fmt: skip
     report = {
         "decode": before_wait(compile_ptx(decode._decode_kernel, dict(consts, PRECISION="tf32", PDL=True), num_stages=4)),
         "reduce": before_wait(compile_ptx(decode._reduce_kernel, dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=16, PDL=True))),
         "kv_write": before_wait(
-            compile_ptx(kv_write._kv_write_kernel, dict(KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, PAGE=16, PDL=True))
+            compile_ptx(kv_write._kv_write_kernel,
+                        dict(KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, PAGE=16, QUANT=0, PDL=True))
         ),
         # the ops of a decode step (kernels/ops): the GEMV of one row at llama-1b's o_proj shape, and the small kernels
         "gemv": before_wait(

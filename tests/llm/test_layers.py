@@ -241,3 +241,43 @@ def test_embedding_scale_and_tied_softcapped_head():
     torch.testing.assert_close(logits, 5.0 * torch.tanh(hidden @ emb.weight.T / 5.0))
     assert logits.abs().max() <= 5.0
     assert LMHead(10, 8).to(torch.bfloat16)(hidden.bfloat16()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_integer_caches_hold_rotated_rows_and_the_layer_rotates_back(fmt):
+    """K/V rows with an outlier dimension (as real models' keys have): the cache holds the rows rotated by the
+    Hadamard matrix, the layer's output is attention over the unrotated rows, and its error is well under that of
+    the same per-row grid over the raw rows (the outlier stretching every row's range)."""
+    from vlchat.kernels.attention import kv_quant
+
+    torch.manual_seed(0)
+    n, head_dim = 24, 64
+    q = torch.randn(n, HEADS, head_dim)
+    k = torch.randn(n, KV_HEADS, head_dim)
+    v = torch.randn(n, KV_HEADS, head_dim)
+    k[..., 5] *= 30.0
+    v[..., 9] *= 30.0
+    scale = head_dim**-0.5
+    layer = _OneLayer(Attention(HEADS, head_dim, scale, KV_HEADS), q, k, v)
+    cache = PagedCache(layer, num_blocks=8, block_size=4)
+    k_cache, v_cache, ks, vs = kv_quant.allocate(fmt, 8, 4, KV_HEADS, head_dim, torch.float32, "cpu")
+    layer.attn.kv_scales = (ks, vs)
+    layer.attn.kv_cache = (k_cache, v_cache)
+    rows = list(range(n))
+    out = torch.cat([cache.step(layer, [(0, rows[:10])]), cache.step(layer, [(0, rows[10:])])])
+    ref = naive_attention(q, k, v, scale)
+
+    table = cache.tables[0]
+    stored = kv_quant.dequantize(k_cache[table], ks[table], fmt=fmt).reshape(-1, KV_HEADS, head_dim)[:n]
+    h = kv_quant.rotation(head_dim)
+    step = (k @ h).amax(-1, keepdim=True) - (k @ h).amin(-1, keepdim=True)
+    assert ((stored - k @ h).abs() <= step / kv_quant.LEVELS[fmt] / 2 + 1e-4).all()  # rotated, then quantized
+
+    def raw_grid(x):
+        codes, sz = kv_quant.quantize_int(x, fmt)
+        return kv_quant.dequantize(codes, sz, fmt=fmt)
+
+    rotated_err = (out - ref).norm() / ref.norm()
+    raw_err = (naive_attention(q, raw_grid(k), raw_grid(v), scale) - ref).norm() / ref.norm()
+    assert rotated_err < 0.5 * raw_err
+    assert rotated_err < {"int8": 0.01, "int4": 0.2}[fmt]

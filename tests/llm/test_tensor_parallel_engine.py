@@ -4,8 +4,8 @@ Greedy tokens must be identical and the top-5 logprobs of every generated token 
 seeded sampling draws the same tokens), through the whole engine: scheduler, step messages, worker
 mirrors, async scheduling (each step launched before the last one's tokens are back), paged KV pools per rank,
 a KV pool small enough that sequences are preempted and recomputed (their block tables
-replaced), and a VLM whose replicated vision tower feeds the sharded decoder (tp=4 over a
-decoder with 2 KV heads: each KV head on two ranks; tp=2 with the workers started by two
+replaced), fp8 and int4 KV caches (each rank quantizing the KV heads it holds), and a VLM
+whose replicated vision tower feeds the sharded decoder (tp=4 over a decoder with 2 KV heads: each KV head on two ranks; tp=2 with the workers started by two
 torchrun "nodes" on loopback, as on two machines). Then the failure paths: head counts
 that do not split are refused before any worker starts, and a killed worker makes the next
 step raise WorkerDiedError instead of hanging.
@@ -99,6 +99,14 @@ def test_text_tp2_matches_one_process(llama_dir, text_llm, monkeypatch):
     _assert_same(text_llm.generate(TEXT_PROMPTS[::-1], PARAMS), expected[::-1])  # the workers dropped the finished
     seeded = _generate(llama_dir, TEXT_PROMPTS, tp=1, params=SEEDED, **ASYNC)  # every rank draws the same tokens
     assert [o.token_ids for o in text_llm.generate(TEXT_PROMPTS, SEEDED)] == [o.token_ids for o in seeded]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int4"])
+def test_quantized_cache_tp2_matches_one_process(llama_dir, kv_cache_dtype):
+    """Each rank quantizes the KV heads it holds (int4: per token and head, as int8): the same codes, scales and
+    tokens as one process, preemption included."""
+    expected = _generate(llama_dir, TEXT_PROMPTS, tp=1, kv_cache_dtype=kv_cache_dtype)
+    _assert_same(_generate(llama_dir, TEXT_PROMPTS, tp=2, kv_cache_dtype=kv_cache_dtype), expected)
 
 
 QUESTION = {"type": "text", "text": "What is this?"}

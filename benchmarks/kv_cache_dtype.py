@@ -1,0 +1,151 @@
+"""Decode attention at 128k keys over fp16, fp8, int8 and int4 KV caches: time, the bytes each actually reads, and
+that against copy bandwidth.
+
+    python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N]
+
+Rows (q heads, KV heads, batch, keys): Llama-3-8B's 32/8 at batch 1 and 4, MHA 32/32 at batch 1 and GQA 32/8 at
+batch 32 over 8k keys; head_dim 128, 16-token pages in shuffled order, KV copies enough to defeat the L2. Each
+cache format runs what the engine runs for it: fp16 the plan's kernel (on sm_90 the Gluon decode) and, beside it,
+the plan's Triton-only choice ("fp16 triton"); fp8, int8 and int4 the Triton kernel (kernels/attention/kv_quant.py),
+planned by plan.decode_plan over the quantized cache. Times are the median of --rounds interleaved CUDA-graph
+timings of back-to-back calls (gpu_timing.interleaved_medians).
+
+Bytes read per call: the K and V codes of every key (2 bytes per element in fp16, 1 in fp8 and int8, half in
+int4), int8's and int4's float32 scale and zero point per key and KV head, and the query and output rows.
+GB/s = bytes / time; "of copy" = GB/s against the device's copy bandwidth (gpu_timing.copy_bandwidth_gbs: bytes
+read + written by a 1 GiB device-to-device copy, per second). Writes kv_cache_dtype_<device>.json and .md under --out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vlchat.kernels.attention import kv_quant
+
+ROWS = [(32, 8, 1, 131072), (32, 8, 4, 131072), (32, 32, 1, 131072), (32, 8, 32, 8192)]
+HEAD_DIM, PAGE = 128, 16
+FORMATS = ("fp16", "fp16 triton", "fp8", "int8", "int4")
+L2_DEFEAT = 256 << 20  # KV bytes over all copies at least this much (several times any L2)
+ROUNDS = 5
+
+
+def bytes_read(fmt: str, q_heads: int, kv_heads: int, batch: int, keys: int, head_dim: int = HEAD_DIM) -> int:
+    """Bytes one decode call reads and writes of its operands (module doc): K/V codes (+ int8 scales), q and out."""
+    name = "auto" if fmt.startswith("fp16") else fmt
+    kv = batch * keys * kv_quant.bytes_per_token(name, kv_heads, head_dim, torch.float16)
+    return kv + 2 * batch * q_heads * head_dim * 2
+
+
+def quantized_inputs(fmt: str, q_heads: int, kv_heads: int, batch: int, keys: int, device, head_dim: int = HEAD_DIM,
+                     page: int = PAGE, sets: int | None = None):  # fmt: skip
+    """(q, k_cache, v_cache, k_scale, v_scale, tables [sets, batch, pages], seq_lens) with random fp16 K/V stored
+    in `fmt` (fp16 as is), in shuffled pages; `sets` block-table sets over disjoint blocks (default: enough to
+    defeat the L2)."""
+    per_set = batch * keys * kv_quant.bytes_per_token("auto", kv_heads, head_dim, torch.float16)
+    sets = sets or max(1, min(16, math.ceil(L2_DEFEAT / per_set)))
+    num_blocks = sets * batch * (keys // page)
+    name = "auto" if fmt.startswith("fp16") else fmt
+    k_cache, v_cache, k_scale, v_scale = kv_quant.allocate(
+        name, num_blocks, page, kv_heads, head_dim, torch.float16, device
+    )  # fmt: skip
+    rows = num_blocks * page
+    step = max(1, (64 << 20) // (kv_heads * head_dim * 2))  # quantized 64 MB of fp16 rows at a time
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        slots = torch.arange(start, stop, device=device)
+        for cache, scale in ((k_cache, k_scale), (v_cache, v_scale)):
+            x = torch.randn(stop - start, kv_heads, head_dim, device=device, dtype=torch.float16)
+            kv_quant.write_rows(x, cache, scale, slots)
+    tables = torch.randperm(num_blocks, device=device).to(torch.int32).view(sets, batch, keys // page)
+    seq_lens = torch.full((batch,), keys, dtype=torch.int32, device=device)
+    q = torch.randn(batch, q_heads, head_dim, device=device, dtype=torch.float16)
+    return q, k_cache, v_cache, k_scale, v_scale, tables, seq_lens
+
+
+def decode_calls(fmt: str, inputs, device):
+    """One decode call per block-table set, with the plan the engine would take for this format (fp16 triton:
+    the plan without the Gluon kernels), and (splits, config) of that plan."""
+    from vlchat.kernels.attention import decode, plan
+
+    q, k_cache, v_cache, k_scale, v_scale, tables, seq_lens = inputs
+    splits, config = plan.decode_plan(q, k_cache, tables[0], device, gluon=fmt != "fp16 triton")
+    out = torch.empty_like(q)
+    memo: dict = {}
+    scale = q.shape[-1] ** -0.5
+    calls = [
+        lambda t=t: decode.paged_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            t,
+            seq_lens,
+            scale,
+            None,
+            splits,
+            out,
+            config=config,
+            cache_memo=memo,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )  # fmt: skip
+        for t in tables
+    ]
+    return calls, splits, config
+
+
+def markdown(res: dict) -> str:
+    from benchmarks.report import versions_line
+
+    lines = [
+        f"# Decode attention over quantized KV caches on {res['device']}", "",
+        f"{versions_line(res)}. Head_dim {HEAD_DIM}, pages of {PAGE} (shuffled), L2 defeated; median of "
+        f"{res['rounds']} interleaved CUDA-graph timings (benchmarks/kv_cache_dtype.py says what each row runs). "
+        f"Copy bandwidth {res['copy_gbs']:.0f} GB/s (read + written).", "",
+        "| q/kv heads | batch | keys | cache | kernel | splits | us | MB read | GB/s | of copy | vs fp16 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in res["rows"]:
+        base = next(x["us"] for x in res["rows"] if x["shape"] == r["shape"] and x["cache"] == "fp16")
+        q_heads, kv_heads, batch, keys = r["shape"]
+        gbs = r["bytes"] / (r["us"] * 1e-6) / 1e9
+        lines.append(
+            f"| {q_heads}/{kv_heads} | {batch} | {keys} | {r['cache']} | {r['config']} | {r['splits']} | "
+            f"{r['us']:.1f} | {r['bytes'] / 2**20:.1f} | {gbs:.0f} | {gbs / res['copy_gbs']:.2f} | "
+            f"{base / r['us']:.2f}x |"
+        )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    from benchmarks.attention_report import config_name
+    from benchmarks.gpu_timing import copy_bandwidth_gbs, interleaved_medians
+    from benchmarks.report import device_header, result_stem, results_parser, save_results
+    from vlchat.kernels.device import get_device_info
+
+    ap = results_parser(__doc__)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    args = ap.parse_args()
+    device = get_device_info()
+    res = {**device_header(device), "rounds": args.rounds, "copy_gbs": copy_bandwidth_gbs(), "rows": []}
+    for shape in ROWS:
+        calls, meta, inputs = {}, {}, {}
+        for fmt in FORMATS:
+            storage = "fp16" if fmt.startswith("fp16") else fmt  # both fp16 rows read the same caches
+            if storage not in inputs:
+                inputs[storage] = quantized_inputs(storage, *shape, "cuda")
+            calls[fmt], splits, config = decode_calls(fmt, inputs[storage], device)
+            meta[fmt] = (splits, config_name(config, splits))
+        times = interleaved_medians(calls, args.rounds)
+        for fmt in FORMATS:
+            splits, name = meta[fmt]
+            res["rows"].append({"shape": list(shape), "cache": fmt, "config": name, "splits": splits,
+                                "us": times[fmt], "bytes": bytes_read(fmt, *shape)})  # fmt: skip
+        del calls, inputs
+        torch.cuda.empty_cache()
+    save_results(result_stem(args.out, "kv_cache_dtype", device.name), res, markdown)
+
+
+if __name__ == "__main__":
+    main()
