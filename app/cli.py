@@ -11,7 +11,7 @@ from vlchat.app.settings import DEFAULT_HOST, DEFAULT_PORT, MediaLimits, ServerC
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
-                  "tp_listen")  # fmt: skip
+                  "tp_listen", "quantization")  # fmt: skip
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -22,6 +22,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, help="sequences batched at once")
     p.add_argument("--num-blocks", type=int, help="KV cache blocks (default: sized from free memory)")
     p.add_argument("--kernel-backend", choices=("auto", "triton", "torch"), help="attention kernels (default: auto)")
+    p.add_argument("--quantization", choices=("fp8",), help="quantize a 16-bit checkpoint at load (fp8: W8A8)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens one step may process (default: 2048)")
     p.add_argument("--prefill-delay-steps", type=int,

@@ -97,7 +97,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, softcap=softcap, tp=self.spec.tp)
         if self.spec.tie_word_embeddings:  # Gemma ties the head to the embedding
             self.lm_head.tie(self.model.embed_tokens)
-        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings)
+        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings, quant=self.spec.quant)
 
     @classmethod
     def spec_overrides(cls, hf_config) -> dict:
