@@ -203,6 +203,10 @@ def quant_config_from_hf(hf_config):
         return None
     cfg = _plain(raw)
     method = str(cfg.get("quant_method", "")).lower()
+    if method == "gguf":  # set by load_model for a GGUF file served from its blocks
+        from vlchat.llm.gguf_layers import GGUFConfig
+
+        return GGUFConfig(torch.get_default_dtype())
     if method == "gptq":
         return _gptq(cfg)
     if method == "awq":

@@ -27,6 +27,7 @@ from torch import nn
 from vlchat.llm.config import is_gguf_file
 from vlchat.llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
 from vlchat.llm.layers.linear import default_weight_loader
+from vlchat.llm.parallel import tp_group
 
 ALL_SHARDS = "*"
 
@@ -118,18 +119,20 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
             yield from state.items()
 
 
-def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    if is_gguf_file(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
+def _checkpoint_tensors(model_dir: str | Path, progress: bool, gguf_blocks: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    if is_gguf_file(model_dir):  # dequantized to fp32 under HF names (the parameters' loaders cast), or blocks
         from vlchat.llm.gguf import load_gguf
+        from vlchat.llm.gguf_layers import keeps_blocks
 
-        return load_gguf(model_dir).weights(torch.float32)
+        return load_gguf(model_dir).weights(torch.float32, keep=keeps_blocks if gguf_blocks else None)
     return iter_checkpoint(checkpoint_files(model_dir), progress)
 
 
 def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule] | None = None, progress=True):
     """Fill every parameter of `model` from the checkpoint in `model_dir` (see the module docstring)."""
     rules = list(getattr(model, "weight_mapping", [])) if rules is None else rules
-    load_tensors(model, _checkpoint_tensors(model_dir, progress), rules, where=str(model_dir))
+    gguf_blocks = getattr(model, "gguf_blocks", False)
+    load_tensors(model, _checkpoint_tensors(model_dir, progress, gguf_blocks), rules, where=str(model_dir))
     with torch.no_grad():
         for module in model.modules():  # layers that re-lay their tensors once all are in (quantized ones)
             finish = getattr(module, "finish_loading", None)
@@ -266,6 +269,11 @@ def load_model(
                 f"{model_dir} is quantized already; serve it without --quantization, or pass a 16-bit checkpoint"
             )
         build_config = with_fp8_at_load(hf_config)
+    gguf_blocks = is_gguf_file(model_dir) and not random_weights and quantization is None and tp_group().size == 1
+    if gguf_blocks:  # served from the file's blocks (llm/gguf_layers.py); dequantized at load when sharded
+        from vlchat.llm.gguf_layers import with_gguf_blocks
+
+        build_config = with_gguf_blocks(hf_config)
     model_cls = get_model_class(build_config)
     torch_dtype = resolve_dtype(hf_config, dtype)
     previous = torch.get_default_dtype()
@@ -275,6 +283,7 @@ def load_model(
             model = model_cls(build_config, torch_dtype)
     finally:
         torch.set_default_dtype(previous)
+    model.gguf_blocks = gguf_blocks
     if random_weights:
         fill_random(model)
     else:

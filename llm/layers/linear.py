@@ -94,6 +94,9 @@ class Linear(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard=None) -> None:
         role = getattr(param, "quant_role", None)
+        if role is not None and hasattr(self.quant, "load"):  # the config keeps the tensor its own way (GGUF)
+            self.quant.load(self, param, loaded, shard)
+            return
         if role is not None:
             for part, tensor in self.quant.to_kernel_layout(role, loaded).items():
                 self._load_quantized(part, self._rank_part(part, tensor, shard), shard)

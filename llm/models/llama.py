@@ -90,6 +90,11 @@ def windows_from_layer_types(hf_config) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in layer_types]
 
 
+def embedding_quant(spec: DecoderSpec):
+    """The quantization config of the embedding and head: only one that keeps them quantized (GGUF blocks)."""
+    return spec.quant if getattr(spec.quant, "embeddings", False) else None
+
+
 def decoder_weight_rules(
     tied_head: bool, extra: list[WeightRule] = (), quant: QuantConfig | None = None
 ) -> list[WeightRule]:
@@ -177,7 +182,7 @@ class LlamaModel(nn.Module):
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype) -> None:
         super().__init__()
         rotary_emb = get_rope(spec.head_dim, spec.rotary_dim, spec.max_position, spec.rope_parameters, dtype)
-        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp=spec.tp)
+        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp=spec.tp, quant=embedding_quant(spec))
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i, rotary_emb) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_weight_offset)
 
@@ -197,7 +202,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec = self.spec_from_config(hf_config)
         self.model = LlamaModel(self.spec, dtype)
-        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, tp=self.spec.tp)
+        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, tp=self.spec.tp,
+                              quant=embedding_quant(self.spec))  # fmt: skip
         if self.spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
         self.weight_mapping = decoder_weight_rules(
