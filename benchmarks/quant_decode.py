@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.engine import decode_steps_per_s
 from benchmarks.quant_linear import model_bytes
-from benchmarks.random_model import SHAPES, random_weights, write_config_dir
+from benchmarks.random_model import SHAPES, write_config_dir
 from benchmarks.report import result_stem, save_results, versions, versions_line
 from benchmarks.runtime import tiny_or_gpu_args
 from vlchat.llm import LLM
@@ -46,9 +46,8 @@ def fp8_runs() -> bool:
 
 
 def bench_format(name: str, model_dir: str, quantization, device: str, rounds: int, steps: int, vocab: int) -> dict:
-    with random_weights():
-        llm = LLM(model_dir, dtype="float16" if device == "cuda" else "float32", device=device,
-                  max_num_seqs=max(BATCHES), max_model_len=512, quantization=quantization)  # fmt: skip
+    llm = LLM(model_dir, dtype="float16" if device == "cuda" else "float32", device=device, load_format="dummy",
+              max_num_seqs=max(BATCHES), max_model_len=512, quantization=quantization)  # fmt: skip
     try:
         rates = {b: [decode_steps_per_s(llm, b, 128, steps, vocab) for _ in range(rounds)] for b in BATCHES}
     finally:
