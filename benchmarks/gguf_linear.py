@@ -7,11 +7,12 @@ each row count (1 and 16: decode; 512: prefill), fp16:
 
 - fp16 us: F.linear on the fp16 weight (cuBLAS);
 - dequant us: kernels/ops/gguf_dequant.py writing the fp16 weight from its blocks;
-- gguf us: what a GGUF layer runs per call (llm/gguf_layers.py): dequantize, then the 16-bit product;
+- gguf us: what a GGUF layer runs per call (llm/gguf_layers.py): up to 16 rows the fused kernel
+  (kernels/ops/gguf_linear.py, dequantizing in registers), more rows dequantize, then the 16-bit product;
 - MB: the blocks' size.
-Times are CUDA-graph replays over enough weight copies to defeat the L2 (graph_time_us). The layer pays the
-dequantization's write and read of a 16-bit weight on top of fp16's read, so it trades speed for memory;
-a GEMV that dequantizes in registers (as the W4A16 kernel does) is what would make decode faster than fp16.
+Times are CUDA-graph replays over enough weight copies to defeat the L2 (graph_time_us). Prefill rows pay the
+dequantization's write and read of a 16-bit weight on top of the product; the fused decode kernel's tile
+(GGUF_GEMV_CONFIG) has not been tuned on a GPU yet.
 Writes gguf_linear_<device>.json and .md under --out.
 """
 
@@ -41,16 +42,9 @@ def random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:
     return blocks.reshape(n, k // elems * nbytes)
 
 
-def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    # the product GGUFConfig.forward runs on the dequantized weight: the engine's GEMV for decode rows
-    from vlchat.kernels.ops import linear
-    from vlchat.kernels.ops.linear import GEMV_MAX_TOKENS
-
-    return F.linear(x, weight) if x.shape[0] > GEMV_MAX_TOKENS else linear(x, weight, None)
-
-
 def bench_shape(name: str, n: int, k: int) -> list[dict]:
     from vlchat.kernels.ops.gguf_dequant import dequantize_rows
+    from vlchat.kernels.ops.gguf_linear import gguf_linear
 
     copies = max(2, int(L2_DEFEAT_BYTES // (2 * n * k)))
     dense = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(copies)]
@@ -62,7 +56,7 @@ def bench_shape(name: str, n: int, k: int) -> list[dict]:
         for rows in ROWS:
             x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
             fp16_us = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in dense])
-            gguf_us = graph_time_us([lambda b=b, x=x, t=qtype: _product(x, dequantize_rows(b, t, k, torch.float16))
+            gguf_us = graph_time_us([lambda b=b, x=x, t=qtype: gguf_linear(x, b, t)
                                      for b in sets])  # fmt: skip
             out.append({"shape": name, "n": n, "k": k, "type": type_name, "rows": rows, "mb": one.numel() / 2**20,
                         "fp16_us": fp16_us, "dequant_us": deq_us, "gguf_us": gguf_us})  # fmt: skip
@@ -76,7 +70,8 @@ def bench_shape(name: str, n: int, k: int) -> list[dict]:
 def markdown(res: dict) -> str:
     lines = [
         f"# GGUF projections (Llama 2 7B layer) on {res['device']}", "",
-        f"{versions_line(res)}; dequantize-then-multiply per call (llm/gguf_layers.py), fp16, CUDA-graph replays "
+        f"{versions_line(res)}; the GGUF layers' product per call (fused up to 16 rows, else dequantize then "
+        "multiply), fp16, CUDA-graph replays "
         "(benchmarks/gguf_linear.py).", "",
         "| W | type | rows | MB | fp16 us | dequant us | gguf us | vs fp16 |",
         "|---|---|---|---|---|---|---|---|",

@@ -6,11 +6,13 @@ the checkpoint iterator yields the file's Q8_0/Q5_0/Q4_K/Q5_K/Q6_K tensors of th
 (uint8 [rows, row bytes], with `ggml_type` set on the tensor). Each such tensor becomes a `GGUFMatrix`; any
 other type (F16, F32, a type without a kernel here) arrives dequantized and is kept dense in the serving dtype.
 
-- A linear layer holds one matrix per checkpoint piece (q/k/v, gate/up); its forward dequantizes the pieces
-  (kernels/ops/gguf_dequant.py) into one [out, in] weight and runs the same product as a 16-bit layer, so
-  the transient 16-bit copy is one layer's.
+- A linear layer holds one matrix per checkpoint piece (q/k/v, gate/up). Decode rows (at most GEMV_MAX_ROWS)
+  where the Triton kernels run: each piece's fused kernel (kernels/ops/gguf_linear.py), the weight never
+  written out. Otherwise it dequantizes the pieces (kernels/ops/gguf_dequant.py) into one [out, in] weight
+  and runs the same product as a 16-bit layer, so the transient 16-bit copy is one layer's.
 - The embedding gathers the blocks of the looked-up rows and dequantizes only those.
-- The LM head (tied to the embedding or not) dequantizes `HEAD_CHUNK_ROWS` vocabulary rows at a time.
+- The LM head (tied to the embedding or not): decode rows through the fused kernel with fp32 logits,
+  otherwise `HEAD_CHUNK_ROWS` vocabulary rows dequantized at a time.
 On a CPU the dequantization is the torch reference, equal to gguf-py's, so the served numbers are those of
 the model dequantized at load. Under tensor parallelism GGUF files are still dequantized at load.
 """
@@ -23,8 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlchat.kernels import dispatch
+from vlchat.kernels.device import device_for
 from vlchat.kernels.ops import linear
 from vlchat.kernels.ops.gguf_dequant import BLOCKS, dequantize_rows
+from vlchat.kernels.ops.gguf_linear import GEMV_MAX_ROWS, OP, gguf_linear
 from vlchat.kernels.ops.linear import GEMV_MAX_TOKENS
 from vlchat.llm.errors import TensorParallelError
 
@@ -60,6 +65,13 @@ class GGUFMatrix(nn.Module):
         if self.qtype is None:
             return part.to(dtype)
         return dequantize_rows(part, self.qtype, self.cols, dtype)
+
+    def product(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        # x: [rows, cols] -> [rows, self.rows]: the fused kernel for blocks (decode rows)
+        if self.qtype is None:
+            y = F.linear(x, self.data.to(x.dtype))
+            return y if out_dtype is None else y.to(out_dtype)
+        return gguf_linear(x, self.data, self.qtype, out_dtype)
 
     def gather(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # ids: [tokens] -> [tokens, cols]
@@ -127,7 +139,11 @@ class GGUFConfig:
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def forward(self, layer, rows: torch.Tensor) -> torch.Tensor:
-        # rows: [tokens, in_features] -> [tokens, out_features], the 16-bit layer's product on the dequantized weight
+        # rows: [tokens, in_features] -> [tokens, out_features]. Decode rows on a GPU: each piece's fused kernel;
+        # otherwise the 16-bit layer's product on the dequantized weight (on a CPU: gguf-py's numbers exactly)
+        if _fused(rows):
+            y = torch.cat([layer.gguf_pieces[str(s)].product(rows) for s in layer.shard_ids()], dim=1)
+            return y if layer.bias is None else y + layer.bias
         weight = self.weight(layer)
         if rows.numel() > GEMV_MAX_TOKENS * layer.in_features:
             return F.linear(rows, weight, layer.bias)
@@ -144,13 +160,20 @@ class GGUFConfig:
         return module.gguf.gather(input_ids, self.dtype)
 
     def head_logits(self, module, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [rows, hidden] -> [rows, vocab] fp32, HEAD_CHUNK_ROWS vocabulary rows at a time
+        # hidden: [rows, hidden] -> [rows, vocab] fp32: decode rows on a GPU in one fused launch, otherwise
+        # HEAD_CHUNK_ROWS vocabulary rows dequantized at a time
         matrix = module.gguf
+        if _fused(hidden):
+            return matrix.product(hidden, torch.float32)
         logits = torch.empty((hidden.shape[0], matrix.rows), dtype=torch.float32, device=hidden.device)
         for start in range(0, matrix.rows, HEAD_CHUNK_ROWS):
             end = min(start + HEAD_CHUNK_ROWS, matrix.rows)
             logits[:, start:end] = linear(hidden, matrix.dense(self.dtype, start, end), out_dtype=torch.float32)
         return logits
+
+
+def _fused(rows: torch.Tensor) -> bool:
+    return rows.shape[0] <= GEMV_MAX_ROWS and dispatch.choose(OP, rows.dtype, device_for(rows)) == "triton"
 
 
 def weight_bytes(model: nn.Module) -> int:

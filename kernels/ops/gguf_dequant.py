@@ -120,13 +120,9 @@ def _k_min(sp, j):
 
 
 @triton.jit
-def _gguf_dequant_kernel(blocks_ptr, out_ptr, blocks_per_row, row_stride, out_stride,
-                         QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr):  # fmt: skip
-    # one program: block `blk` of row `row` -> out[row, blk * ELEMS : (blk + 1) * ELEMS]
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
-    bp = blocks_ptr + row.to(tl.int64) * row_stride + blk * NBYTES
-    e = tl.arange(0, ELEMS)
+def block_values(bp, e, QTYPE: tl.constexpr):
+    """fp32 values of elements `e` of the blocks at byte pointers `bp` (broadcast together: a scalar pointer and
+    [ELEMS] elements, or [rows, 1] pointers and [1, ELEMS] elements for a tile of several rows' blocks)."""
     if QTYPE == 8:  # Q8_0
         q = tl.load(bp + 2 + e).to(tl.int8, bitcast=True).to(tl.float32)
         w = q * _f16_at(bp)
@@ -154,6 +150,18 @@ def _gguf_dequant_kernel(blocks_ptr, out_ptr, blocks_per_row, row_stride, out_st
         scale = _f16_at(bp) * _k_scale(bp + 4, j)
         offset = _f16_at(bp + 2) * _k_min(bp + 4, j)
         w = scale * q.to(tl.float32) - offset
+    return w
+
+
+@triton.jit
+def _gguf_dequant_kernel(blocks_ptr, out_ptr, blocks_per_row, row_stride, out_stride,
+                         QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr):  # fmt: skip
+    # one program: block `blk` of row `row` -> out[row, blk * ELEMS : (blk + 1) * ELEMS]
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    bp = blocks_ptr + row.to(tl.int64) * row_stride + blk * NBYTES
+    e = tl.arange(0, ELEMS)
+    w = block_values(bp, e, QTYPE)
     dst = out_ptr + row.to(tl.int64) * out_stride + blk * ELEMS + e
     tl.store(dst, w.to(out_ptr.dtype.element_ty))
 

@@ -127,6 +127,31 @@ def test_tiny_llama_keeps_the_blocks_it_has_kernels_for(tiny_llama):
         assert torch.equal(weight, torch.cat([dequantized[p] for p in pieces])), name
 
 
+def test_tiny_llama_blocks_through_the_triton_kernels(tiny_llama, monkeypatch):
+    """Every op forced to Triton (interpreted): the 8 prefill rows and the decode row run the fused GGUF product
+    in every kept projection and the LM head's blocks; the logits are the torch path's."""
+    import vlchat.kernels.ops.gguf_linear as gguf_linear
+    from tests.llm.paged import PagedCache
+    from vlchat.kernels import settings
+    from vlchat.llm.weights import load_model
+
+    fused = []
+    real = gguf_linear.gguf_gemv_triton
+    monkeypatch.setattr(gguf_linear, "gguf_gemv_triton", lambda x, *a: fused.append(x.shape[0]) or real(x, *a))
+    path = tiny_llama[0]
+    prompt = [1, 260, 265, 40, 77, 120, 261, 9]
+    logits = {}
+    for backend in ("torch", "triton"):
+        with settings.forced(backend):
+            model = load_model(path, dtype=torch.float32, progress=False)
+            cache = PagedCache(model)
+            prefill = cache.step(model, [(0, prompt)])
+            logits[backend] = (prefill, cache.step(model, [(0, [int(prefill[-1].argmax())])]))
+    for got, want in zip(logits["triton"], logits["torch"], strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+    assert set(fused) == {1, 8}  # 8 prefill rows and 1 decode row: both at most GEMV_MAX_ROWS
+
+
 def test_weights_cast_to_the_serving_dtype(tiny_llama):
     path, _, _ = tiny_llama
     ours = dict(load_gguf(path).weights(torch.bfloat16))
