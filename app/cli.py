@@ -19,7 +19,7 @@ from vlchat.app.settings import (
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
-                  "tp_listen", "kv_cache_dtype")  # fmt: skip
+                  "tp_listen", "kv_cache_dtype", "quantization")  # fmt: skip
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -33,6 +33,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="KV cache storage: auto (the model's dtype), fp8 (e4m3), int8 or int4 (per-token scales); "
                    "fp8/int8 hold about twice the 16-bit tokens, int4 about 3.5x (default: auto)")  # fmt: skip
     p.add_argument("--kernel-backend", choices=("auto", "triton", "torch"), help="attention kernels (default: auto)")
+    p.add_argument("--quantization", choices=("fp8",), help="quantize a 16-bit checkpoint at load (fp8: W8A8)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens one step may process (default: 2048)")
     p.add_argument("--prefill-delay-steps", type=int,

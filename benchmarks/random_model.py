@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from vlchat.llm.weights import fill_random
+
 SHAPES = {
     # name: (LlamaConfig fields)
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
@@ -141,9 +143,8 @@ def write_config_dir(path: str | os.PathLike, fields: dict, dtype: str = "bfloat
 
 
 def _random_fill(model, model_dir, rules=None, progress=True):
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+    """`load_weights`' stand-in: vlchat's `fill_random` from the current generator (quantized parameters too)."""
+    fill_random(model, seed=None)
 
 
 @contextlib.contextmanager

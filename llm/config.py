@@ -18,6 +18,7 @@ DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 LOAD_FORMATS = ("auto", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")  # kernels/attention/kv_quant.py's (a test keeps the two equal)
+QUANTIZATIONS = ("fp8",)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -120,6 +121,8 @@ class EngineConfig:
             step. None: on for CUDA, off on the CPU (where the forward pass is synchronous).
         kernel_backend: "auto" | "triton" | "torch", passed to kernels.settings.set_backend;
             None keeps the process's setting (VLCHAT_KERNEL_BACKEND, default auto).
+        quantization: "fp8" quantizes a 16-bit checkpoint's decoder projections to FP8 (W8A8) at load;
+            None serves the checkpoint as stored (quantized checkpoints say so in their config).
         seed: seeds the engine's generator used by unseeded sampling requests.
         served_model_name: the name the API reports (default: the directory name).
         tensor_parallel_size: shard the decoder over this many worker processes, one per GPU
@@ -140,6 +143,7 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool | None = None
     kernel_backend: str | None = None
+    quantization: str | None = None
     seed: int = 0
     served_model_name: str | None = None
     tensor_parallel_size: int = 1
@@ -157,6 +161,8 @@ class EngineConfig:
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.kernel_backend is None or self.kernel_backend in KERNEL_BACKENDS,
                f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")  # fmt: skip
+        _check(self.quantization is None or self.quantization in QUANTIZATIONS,
+               f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")  # fmt: skip
         _check(self.max_model_len is None or self.max_model_len >= 1,
                f"max_model_len must be >= 1, got {self.max_model_len}")  # fmt: skip
         _check(self.load_format in LOAD_FORMATS, f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")

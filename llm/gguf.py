@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
+from vlchat.kernels.ops.gguf_dequant import BLOCKS
 from vlchat.llm.errors import ModelLoadError
 from vlchat.llm.gguf_reader import GGUFFile
 
@@ -117,8 +118,12 @@ class GGUFCheckpoint:
             tokenizer.chat_template = template.read_text(encoding="utf-8")
         return tokenizer
 
-    def weights(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield `(hf_parameter_name, tensor)` for every tensor the HF model has, dequantized, cast to dtype."""
+    def weights(self, dtype: torch.dtype = torch.float32, keep=None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield `(hf_parameter_name, tensor)` for every tensor the HF model has, dequantized, cast to dtype.
+
+        `keep(hf_name)` True: a tensor of a type with a kernel (kernels/ops/gguf_dequant.py) is yielded as its
+        raw blocks instead, uint8 [rows, row bytes] with `ggml_type` set, its rows reordered as the processor
+        reorders the dequantized rows (Llama's q/k permutation)."""
         with torch.device("meta"):
             hf_model = AutoModelForCausalLM.from_config(self.config)
         processor_class = TENSOR_PROCESSORS.get(self.file.architecture, TensorProcessor)
@@ -126,6 +131,11 @@ class GGUFCheckpoint:
         name_map = get_gguf_hf_weights_map(hf_model, processor)
         parsed = {"tensors": {}}
         for gguf_name, info in self.file.tensors.items():
+            if keep is not None and info.ggml_type in BLOCKS and len(info.shape) == 2:
+                kept = self._blocks(gguf_name, info, processor, name_map, keep)
+                if kept is not None:
+                    yield kept
+                    continue
             values = dequantize(self.file.raw(gguf_name), GGMLQuantizationType(info.ggml_type))
             result = processor.process(
                 weights=values, name=gguf_name, tensor_key_mapping=name_map, parsed_parameters=parsed
@@ -133,6 +143,25 @@ class GGUFCheckpoint:
             if result.name is None or result.name not in name_map:
                 continue  # e.g. llama.cpp's precomputed `rope_freqs`, which transformers ignores as well
             yield name_map[result.name], torch.from_numpy(np.array(result.weights, dtype=np.float32)).to(dtype)
+
+    def _blocks(self, gguf_name, info, processor, name_map, keep) -> tuple[str, torch.Tensor] | None:
+        """(hf name, blocks) of a tensor kept quantized, or None to dequantize it: the processor's effect on the
+        tensor is found by running it on the row indices, and only a reordering of rows is applied to blocks."""
+        rows = info.shape[0]
+        index = np.arange(rows, dtype=np.float32).reshape(rows, 1)
+        try:
+            result = processor.process(weights=index, name=gguf_name, tensor_key_mapping=name_map,
+                                       parsed_parameters={"tensors": {}})  # fmt: skip
+        except (ValueError, IndexError):
+            return None
+        if result.name is None or result.name not in name_map or not keep(name_map[result.name]):
+            return None
+        order = np.asarray(result.weights).reshape(-1)
+        if order.shape != (rows,) or not np.array_equal(np.sort(order), index[:, 0]):
+            return None
+        blocks = torch.from_numpy(np.ascontiguousarray(self.file.raw(gguf_name)[order.astype(np.int64)]))
+        blocks.ggml_type = int(info.ggml_type)
+        return name_map[result.name], blocks
 
     def _check_tensor_types(self) -> None:
         """Fail before any dequantization when a tensor type has no dequantizer."""

@@ -63,6 +63,13 @@ def check_shardable(hf_config, size: int) -> None:
     group.split(heads, "num_attention_heads")
     group.kv_heads(getattr(text, "num_key_value_heads", None) or heads)
     group.split(text.intermediate_size, "intermediate_size")
+    from vlchat.llm.quantization import quant_config_from_hf  # imported here: it needs the layers' kernels
+
+    quant = quant_config_from_hf(hf_config)
+    if quant is not None and size > 1:  # the row-parallel inputs: o_proj's and down_proj's
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        for width in (heads * head_dim, text.intermediate_size):
+            quant.check_row_shard(width // size, size)
 
 
 def tp_group() -> TPGroup:

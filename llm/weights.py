@@ -27,6 +27,7 @@ from torch import nn
 from vlchat.llm.config import is_gguf_file
 from vlchat.llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
 from vlchat.llm.layers.linear import default_weight_loader
+from vlchat.llm.parallel import tp_group
 
 ALL_SHARDS = "*"
 
@@ -118,18 +119,25 @@ def iter_checkpoint(files: list[Path], progress: bool = True) -> Iterator[tuple[
             yield from state.items()
 
 
-def _checkpoint_tensors(model_dir: str | Path, progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    if is_gguf_file(model_dir):  # dequantized to fp32 under HF names; the parameters' loaders cast
+def _checkpoint_tensors(model_dir: str | Path, progress: bool, gguf_blocks: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    if is_gguf_file(model_dir):  # dequantized to fp32 under HF names (the parameters' loaders cast), or blocks
         from vlchat.llm.gguf import load_gguf
+        from vlchat.llm.gguf_layers import keeps_blocks
 
-        return load_gguf(model_dir).weights(torch.float32)
+        return load_gguf(model_dir).weights(torch.float32, keep=keeps_blocks if gguf_blocks else None)
     return iter_checkpoint(checkpoint_files(model_dir), progress)
 
 
 def load_weights(model: nn.Module, model_dir: str | Path, rules: list[WeightRule] | None = None, progress=True):
     """Fill every parameter of `model` from the checkpoint in `model_dir` (see the module docstring)."""
     rules = list(getattr(model, "weight_mapping", [])) if rules is None else rules
-    load_tensors(model, _checkpoint_tensors(model_dir, progress), rules, where=str(model_dir))
+    gguf_blocks = getattr(model, "gguf_blocks", False)
+    load_tensors(model, _checkpoint_tensors(model_dir, progress, gguf_blocks), rules, where=str(model_dir))
+    with torch.no_grad():
+        for module in model.modules():  # layers that re-lay their tensors once all are in (quantized ones)
+            finish = getattr(module, "finish_loading", None)
+            if finish is not None:
+                finish()
 
 
 def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], rules: list[WeightRule], where: str):
@@ -206,20 +214,38 @@ def resolve_dtype(hf_config, dtype: str | torch.dtype | None = None) -> torch.dt
     return _DTYPES[key]
 
 
-def fill_random(model: nn.Module, seed: int = 0) -> None:
-    """Random weights in place of a checkpoint: N(0, 0.02) matrices, ones elsewhere (norm weights, biases)."""
-    torch.manual_seed(seed)  # drawn where the parameters are: a 70B shard fills in seconds on its GPU
+def fill_random(model: nn.Module, seed: int | None = 0) -> None:
+    """Random weights in place of a checkpoint, of each parameter's kind: matrices ~ N(0, 0.02) (as FP8 codes
+    with their row scales, or random 4-bit codes, scales and zeros in the W4A16 layout), norms and biases 1,
+    act-order groups in order. `seed` None draws from the current generator."""
+    if seed is not None:
+        torch.manual_seed(seed)  # drawn where the parameters are: a 70B shard fills in seconds on its GPU
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.02)
+        for name, p in model.named_parameters():
+            leaf = name.rpartition(".")[2]
+            if p.dtype == torch.float8_e4m3fn:
+                p.copy_((torch.randn(p.shape, device=p.device) * 100).clamp(-448, 448).to(p.dtype))
+            elif leaf == "g_idx":
+                groups = model.get_submodule(name.rpartition(".")[0]).scales.shape[0]
+                p.copy_(torch.arange(p.numel(), device=p.device) // (p.numel() // groups))
+            elif p.dtype == torch.int32:
+                p.random_(-(2**31), 2**31 - 1)
+            elif p.dtype == torch.uint8:
+                p.random_(0, 16)
+            elif leaf == "weight_scale":
+                p.fill_(0.02 * 4 / 448)
+            elif leaf == "scales":
+                p.fill_(0.02 / 4)
             else:
-                p.fill_(1.0)
+                p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+        for name, b in model.named_buffers():
+            if name.endswith(".weight_scale"):  # FP8 quantized at load: the scales are buffers
+                b.fill_(0.02 * 4 / 448)
 
 
 def load_model(
     model_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu", progress=True, hf_config=None,
-    random_weights: bool = False,
+    random_weights: bool = False, quantization: str | None = None,
 ):  # fmt: skip
     """Build the model class registered for the directory's architecture and load its weights.
 
@@ -229,6 +255,7 @@ def load_model(
         device: where the parameters are allocated.
         hf_config: the directory's config when the caller has read it already.
         random_weights: fill the parameters with `fill_random` instead of reading the checkpoint.
+        quantization: "fp8" quantizes a 16-bit checkpoint's decoder projections to FP8 at load (llm/quant_fp8.py).
 
     Returns:
         The model in eval mode; its `hf_config` and `dtype` attributes say what it was built from.
@@ -236,15 +263,32 @@ def load_model(
     from vlchat.llm.models.registry import get_model_class
 
     hf_config = hf_config if hf_config is not None else load_hf_config(model_dir)
-    model_cls = get_model_class(hf_config)
+    build_config = hf_config
+    if quantization is not None:
+        from vlchat.llm.quant_fp8 import QUANTIZE_AT_LOAD, with_fp8_at_load
+
+        if quantization != QUANTIZE_AT_LOAD:
+            raise InvalidRequestError(f"unknown quantization {quantization!r}; use {QUANTIZE_AT_LOAD!r} or none")
+        if getattr(hf_config, "quantization_config", None) is not None or is_gguf_file(model_dir):
+            raise InvalidRequestError(
+                f"{model_dir} is quantized already; serve it without --quantization, or pass a 16-bit checkpoint"
+            )
+        build_config = with_fp8_at_load(hf_config)
+    gguf_blocks = is_gguf_file(model_dir) and not random_weights and quantization is None and tp_group().size == 1
+    if gguf_blocks:  # served from the file's blocks (llm/gguf_layers.py); dequantized at load when sharded
+        from vlchat.llm.gguf_layers import with_gguf_blocks
+
+        build_config = with_gguf_blocks(hf_config)
+    model_cls = get_model_class(build_config)
     torch_dtype = resolve_dtype(hf_config, dtype)
     previous = torch.get_default_dtype()
     try:
         torch.set_default_dtype(torch_dtype)
         with torch.device(device):
-            model = model_cls(hf_config, torch_dtype)
+            model = model_cls(build_config, torch_dtype)
     finally:
         torch.set_default_dtype(previous)
+    model.gguf_blocks = gguf_blocks
     if random_weights:
         fill_random(model)
     else:

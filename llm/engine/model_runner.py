@@ -88,7 +88,8 @@ class ModelRunner:
         self.kv_cache_dtype = config.cache.kv_cache_dtype
         self.max_model_len = max_model_len
         self.model = load_model(config.model, self.dtype, self.device, progress=False, hf_config=hf_config,
-                                random_weights=config.load_format == "dummy")  # fmt: skip
+                                random_weights=config.load_format == "dummy",
+                                quantization=config.quantization)  # fmt: skip
         self.model_cls = type(self.model)
         extend_rope_tables(self.model, max_model_len)  # an override may exceed the config's length
         self.uses_mrope = bool(getattr(self.model, "uses_mrope", False))

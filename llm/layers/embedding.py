@@ -44,19 +44,27 @@ def _vocab_loader(vocab_size: int, tp: TPGroup):
 class VocabEmbedding(nn.Module):
     """Token id -> row of weight [vocab, hidden]; `scale` multiplies the rows (Gemma uses sqrt(hidden))."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, scale: float | None = None, tp: TPGroup = SINGLE) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, scale: float | None = None, tp: TPGroup = SINGLE, quant=None
+    ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.scale = scale
         self.tp = tp
+        self.quant = quant  # rows served from quantized blocks (llm/gguf_layers.py), or None
         self.vocab_start, rows = _vocab_rows(vocab_size, tp)
-        self.weight = nn.Parameter(torch.empty(rows, hidden_size), requires_grad=False)
-        self.weight.weight_loader = _vocab_loader(vocab_size, tp)
+        if quant is not None:
+            self.weight = quant.embedding_param(self)
+        else:
+            self.weight = nn.Parameter(torch.empty(rows, hidden_size), requires_grad=False)
+            self.weight.weight_loader = _vocab_loader(vocab_size, tp)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [tokens] -> [tokens, hidden]
-        if self.tp.size == 1:
+        if self.quant is not None:
+            x = self.quant.lookup(self, input_ids)
+        elif self.tp.size == 1:
             x = F.embedding(input_ids, self.weight)
         else:
             local = input_ids - self.vocab_start
@@ -80,21 +88,33 @@ class LMHead(nn.Module):
     `softcap` > 0 applies `softcap * tanh(logits / softcap)` (Gemma's final logit soft-capping).
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, softcap: float = 0.0, tp: TPGroup = SINGLE) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, softcap: float = 0.0, tp: TPGroup = SINGLE, quant=None
+    ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.softcap = softcap
         self.tp = tp
+        self.quant = quant  # logits from quantized blocks (llm/gguf_layers.py), or None
         _, rows = _vocab_rows(vocab_size, tp)
-        self.weight = nn.Parameter(torch.empty(rows, hidden_size), requires_grad=False)
-        self.weight.weight_loader = _vocab_loader(vocab_size, tp)
+        if quant is not None:
+            self.weight = quant.embedding_param(self)
+        else:
+            self.weight = nn.Parameter(torch.empty(rows, hidden_size), requires_grad=False)
+            self.weight.weight_loader = _vocab_loader(vocab_size, tp)
 
     def tie(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
+        if self.quant is not None:
+            self._tied = [embedding]  # a list, not a submodule: the embedding's blocks arrive after tying
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [rows, hidden] -> [rows, vocab] fp32
-        logits = linear(hidden, self.weight, out_dtype=torch.float32)
+        if self.quant is not None:
+            logits = self.quant.head_logits(self._tied[0] if hasattr(self, "_tied") else self, hidden)
+        else:
+            logits = linear(hidden, self.weight, out_dtype=torch.float32)
         if self.tp.size > 1:  # [rows, vocab / tp] per rank -> [rows, vocab]
             logits = all_gather(logits, self.tp.size)[:, : self.vocab_size]
         if self.softcap:

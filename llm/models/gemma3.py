@@ -33,6 +33,7 @@ from vlchat.llm.models.llama import (
     LlamaModel,
     _cfg,
     decoder_weight_rules,
+    embedding_quant,
 )
 from vlchat.llm.rope import get_rope, rope_parameters_from_config
 
@@ -78,7 +79,8 @@ class Gemma3Model(LlamaModel):
             kind: get_rope(spec.head_dim, spec.rotary_dim, spec.max_position, spec.rope_parameters[kind], dtype)
             for kind in sorted(set(layer_types))
         }
-        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, scale=spec.hidden_size**0.5, tp=spec.tp)
+        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, scale=spec.hidden_size**0.5, tp=spec.tp,
+                                           quant=embedding_quant(spec))  # fmt: skip
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(spec, i, ropes[kind]) for i, kind in enumerate(layer_types)
         )  # fmt: skip
@@ -94,10 +96,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self.spec = self.spec_from_config(hf_config)
         self.model = Gemma3Model(self.spec, _layer_types(hf_config), dtype)
         softcap = _cfg(hf_config, "final_logit_softcapping", default=0.0)
-        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, softcap=softcap, tp=self.spec.tp)
+        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, softcap=softcap, tp=self.spec.tp,
+                              quant=embedding_quant(self.spec))  # fmt: skip
         if self.spec.tie_word_embeddings:  # Gemma ties the head to the embedding
             self.lm_head.tie(self.model.embed_tokens)
-        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings)
+        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings, quant=self.spec.quant)
 
     @classmethod
     def spec_overrides(cls, hf_config) -> dict:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from vlchat.llm.models.llama import LlamaForCausalLM
+from vlchat.llm.quantization import UnsupportedQuantizationError
 from vlchat.llm.weights import ALL_SHARDS, WeightRule
 
 
@@ -43,6 +44,8 @@ class InternLM2ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def checkpoint_rules(cls, hf_config) -> list[WeightRule]:
+        if getattr(hf_config, "quantization_config", None) is not None:  # wqkv's grouped rows are packed codes
+            raise UnsupportedQuantizationError("a quantized InternLM2 checkpoint (its packed wqkv) is not supported")
         num_heads = hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
         head_dim = hf_config.hidden_size // num_heads

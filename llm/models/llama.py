@@ -26,6 +26,7 @@ from vlchat.llm.layers.embedding import LMHead, VocabEmbedding
 from vlchat.llm.layers.linear import MergedLinear, QKVLinear, RowParallelLinear
 from vlchat.llm.layers.norm import RMSNorm
 from vlchat.llm.parallel import SINGLE, TPGroup, tp_group
+from vlchat.llm.quantization import QuantConfig, quant_config_from_hf
 from vlchat.llm.rope import get_rope, max_model_len_from_config, rope_parameters_from_config
 from vlchat.llm.weights import WeightRule
 
@@ -56,6 +57,7 @@ class DecoderSpec:
     attn_softcap: float = 0.0  # > 0: scores capped with softcap * tanh(score / softcap)
     norm_weight_offset: float = 0.0  # 1.0: Gemma's (1 + weight) RMSNorms
     tp: TPGroup = SINGLE  # this process's tensor-parallel rank and group size
+    quant: QuantConfig | None = None  # quantized projections (llm/quantization.py); None = 16-bit
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -88,13 +90,22 @@ def windows_from_layer_types(hf_config) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in layer_types]
 
 
-def decoder_weight_rules(tied_head: bool, extra: list[WeightRule] = ()) -> list[WeightRule]:
+def embedding_quant(spec: DecoderSpec):
+    """The quantization config of the embedding and head: only one that keeps them quantized (GGUF blocks)."""
+    return spec.quant if getattr(spec.quant, "embeddings", False) else None
+
+
+def decoder_weight_rules(
+    tied_head: bool, extra: list[WeightRule] = (), quant: QuantConfig | None = None
+) -> list[WeightRule]:
     """Checkpoint rules of the decoder: `extra` (a family's renames), then HF's separate q/k/v and
-    gate/up tensors into our fused linears; with a tied head a saved copy of it is dropped."""
+    gate/up tensors into our fused linears; with a tied head a saved copy of it is dropped; a 4-bit
+    checkpoint's tensor names are renamed onto the quantized layers' parameters."""
     rules = [WeightRule(r"^(model\.)?lm_head\.weight$", None)] if tied_head else []
     return (
         rules
         + list(extra)
+        + (quant.checkpoint_rules() if quant is not None else [])
         + [
             WeightRule(r"rotary_emb\.inv_freq$", None),
             WeightRule(r"\.q_proj\.", ".qkv_proj.", shard="q"),
@@ -110,10 +121,12 @@ class LlamaAttention(nn.Module):
     def __init__(self, spec: DecoderSpec, layer_idx: int, rotary_emb: nn.Module) -> None:
         super().__init__()
         self.qkv_proj = QKVLinear(
-            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias, spec.tp
+            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias, spec.tp, spec.quant
         )  # this rank's heads
         self.q_size = self.qkv_proj.q_size
-        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias, spec.tp)
+        self.o_proj = RowParallelLinear(
+            spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias, spec.tp, spec.quant
+        )
         norm_args = (spec.head_dim, spec.rms_norm_eps, spec.norm_weight_offset)
         self.q_norm = RMSNorm(*norm_args) if spec.qk_norm else None
         self.k_norm = RMSNorm(*norm_args) if spec.qk_norm else None
@@ -137,9 +150,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, spec: DecoderSpec) -> None:
         super().__init__()
         inter = spec.intermediate_size
-        self.gate_up_proj = MergedLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, spec.tp)
+        self.gate_up_proj = MergedLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, spec.tp, spec.quant)
         self.act_fn = get_act_and_mul(spec.hidden_act)
-        self.down_proj = RowParallelLinear(inter, spec.hidden_size, spec.mlp_bias, spec.tp)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, spec.mlp_bias, spec.tp, spec.quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [tokens, hidden] -> [tokens, 2 * inter / tp] -> [tokens, inter / tp] -> [tokens, hidden]
@@ -169,7 +182,7 @@ class LlamaModel(nn.Module):
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype) -> None:
         super().__init__()
         rotary_emb = get_rope(spec.head_dim, spec.rotary_dim, spec.max_position, spec.rope_parameters, dtype)
-        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp=spec.tp)
+        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, tp=spec.tp, quant=embedding_quant(spec))
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i, rotary_emb) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm_weight_offset)
 
@@ -189,10 +202,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec = self.spec_from_config(hf_config)
         self.model = LlamaModel(self.spec, dtype)
-        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, tp=self.spec.tp)
+        self.lm_head = LMHead(self.spec.vocab_size, self.spec.hidden_size, tp=self.spec.tp,
+                              quant=embedding_quant(self.spec))  # fmt: skip
         if self.spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
-        self.weight_mapping = decoder_weight_rules(self.spec.tie_word_embeddings, self.checkpoint_rules(hf_config))
+        self.weight_mapping = decoder_weight_rules(
+            self.spec.tie_word_embeddings, self.checkpoint_rules(hf_config), self.spec.quant
+        )
 
     @classmethod
     def spec_from_config(cls, hf_config) -> DecoderSpec:
@@ -216,6 +232,7 @@ class LlamaForCausalLM(nn.Module):
             mlp_bias=bool(_cfg(hf_config, "mlp_bias", default=False)),
             tie_word_embeddings=bool(_cfg(hf_config, "tie_word_embeddings", default=False)),
             tp=tp_group(),
+            quant=quant_config_from_hf(hf_config),
         )
         fields.update(cls.spec_overrides(hf_config))
         return DecoderSpec(**fields)

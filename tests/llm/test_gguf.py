@@ -8,13 +8,17 @@ Q8_0/Q5_0/Q4_K/Q6_K/F16 tensors), and the real Gemma 3 270M Q4_K_M from the
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
 from tests.llm.gguf_files import gemma3_270m_path, write_llama_gguf
+from vlchat.kernels.ops.gguf_dequant import BLOCKS
 from vlchat.llm.errors import ModelLoadError
 from vlchat.llm.gguf import UnsupportedGGUFError, load_gguf
+from vlchat.llm.gguf_layers import GGUFMatrix, weight_bytes
 from vlchat.llm.weights import resolve_dtype
 
 # storage types per tensor: layer 0 keeps q/k in F32 so the permutation round trip is exact
@@ -98,6 +102,54 @@ def test_tiny_llama_weights_equal_transformers_dequantization(tiny_llama):
             continue  # stored as random blocks (gguf-py cannot quantize K-quants)
         err = (tensor - original[name]).abs().max() / original[name].abs().max()
         assert err < 0.15, (name, float(err))
+
+
+def test_tiny_llama_keeps_the_blocks_it_has_kernels_for(tiny_llama):
+    """Loaded for serving, Q8_0/Q5_0/Q4_K/Q6_K projections (layer 1's q/k with llama.cpp's row permutation
+    undone on the blocks) stay blocks, other types and F16/F32 are dense; every served weight equals the
+    dequantized checkpoint's."""
+    from vlchat.llm.weights import load_model
+
+    path = tiny_llama[0]
+    dequantized = dict(load_gguf(path).weights(torch.float32))
+    model = load_model(path, dtype=torch.float32, progress=False)
+    layers = model.model.layers
+    assert layers[1].self_attn.qkv_proj.gguf_pieces["q"].qtype == Q.Q8_0
+    assert layers[0].self_attn.qkv_proj.gguf_pieces["q"].qtype is None  # F32
+    assert layers[0].self_attn.qkv_proj.gguf_pieces["v"].qtype == Q.Q5_0
+    assert layers[0].mlp.gate_up_proj.gguf_pieces["0"].qtype is None  # Q4_0: dequantized at load
+    assert layers[0].mlp.down_proj.gguf_pieces["None"].qtype == Q.Q4_K
+    assert model.model.embed_tokens.gguf.qtype == Q.Q8_0 and model.lm_head.gguf.qtype is None  # F16 head
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    for name, weight in _served_weights(model).items():
+        key = next((k for k in fused if f".{k}." in name), None)
+        pieces = [name.replace(key, piece) for piece in fused[key]] if key else [name]
+        assert torch.equal(weight, torch.cat([dequantized[p] for p in pieces])), name
+
+
+def test_tiny_llama_blocks_through_the_triton_kernels(tiny_llama, monkeypatch):
+    """Every op forced to Triton (interpreted): the 8 prefill rows and the decode row run the fused GGUF product
+    in every kept projection and the LM head's blocks; the logits are the torch path's."""
+    import vlchat.kernels.ops.gguf_linear as gguf_linear
+    from tests.llm.paged import PagedCache
+    from vlchat.kernels import settings
+    from vlchat.llm.weights import load_model
+
+    fused = []
+    real = gguf_linear.gguf_gemv_triton
+    monkeypatch.setattr(gguf_linear, "gguf_gemv_triton", lambda x, *a: fused.append(x.shape[0]) or real(x, *a))
+    path = tiny_llama[0]
+    prompt = [1, 260, 265, 40, 77, 120, 261, 9]
+    logits = {}
+    for backend in ("torch", "triton"):
+        with settings.forced(backend):
+            model = load_model(path, dtype=torch.float32, progress=False)
+            cache = PagedCache(model)
+            prefill = cache.step(model, [(0, prompt)])
+            logits[backend] = (prefill, cache.step(model, [(0, [int(prefill[-1].argmax())])]))
+    for got, want in zip(logits["triton"], logits["torch"], strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+    assert set(fused) == {1, 8}  # 8 prefill rows and 1 decode row: both at most GEMV_MAX_ROWS
 
 
 def test_weights_cast_to_the_serving_dtype(tiny_llama):
@@ -239,16 +291,48 @@ def test_vlchat_greedy_equals_transformers_on_the_real_gguf(gemma_llm, gemma_hf)
     assert outputs[0].text.startswith(" 100 degrees Celsius.")  # what transformers answers too (same tokens)
 
 
+def _served_weights(model) -> dict[str, torch.Tensor]:
+    """Every weight the model serves, dequantized from its GGUF blocks where it keeps them."""
+    out = {n: p for n, p in model.named_parameters() if p.numel()}  # blocks-backed weights are empty placeholders
+    for name, module in model.named_modules():
+        if hasattr(module, "gguf_pieces"):
+            out[f"{name}.weight"] = module.quant.weight(module)
+        elif isinstance(getattr(module, "gguf", None), GGUFMatrix):
+            out[f"{name}.weight"] = module.gguf.dense(torch.float32)
+    return out
+
+
 def test_served_weights_equal_transformers(gemma_llm, gemma_hf):
-    """Every parameter vlchat serves equals the tensor transformers' GGUF loader reads (fused ones piecewise)."""
+    """Every weight vlchat serves, dequantized from the blocks it keeps, equals the tensor transformers' GGUF
+    loader reads (fused ones piecewise)."""
     theirs = gemma_hf.state_dict()
     fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-    params = dict(gemma_llm.engine.runner.model.named_parameters())  # the tied head appears once, as the embedding
-    assert len(params) == len(theirs) - 1 - 18 * 3  # minus lm_head; 5 HF projections per layer are 2 of ours
-    for name, param in params.items():
+    served = _served_weights(gemma_llm.engine.runner.model)  # the tied head appears once, as the embedding
+    assert len(served) == len(theirs) - 1 - 18 * 3  # minus lm_head; 5 HF projections per layer are 2 of ours
+    for name, weight in served.items():
         key = next((k for k in fused if f".{k}." in name), None)
         pieces = [name.replace(key, piece) for piece in fused[key]] if key else [name]
-        assert torch.equal(param, torch.cat([theirs[p] for p in pieces])), name
+        assert torch.equal(weight, torch.cat([theirs[p] for p in pieces])), name
+
+
+def test_the_real_gguf_is_served_from_its_blocks(gemma_llm, gemma_path):
+    """Weights stay in the file's blocks: the model holds exactly the file's quantized bytes plus its fp32 norms,
+    0.46 of the dequantized fp16 model (the file's own ratio: its Q8_0 embedding alone is 0.33)."""
+    from vlchat.llm.gguf_reader import GGUFFile
+
+    model = gemma_llm.engine.runner.model
+    layer = model.model.layers[0]
+    assert {k: m.qtype for k, m in layer.self_attn.qkv_proj.gguf_pieces.items()} == {"q": Q.Q5_0, "k": Q.Q5_0,
+                                                                                       "v": Q.Q8_0}  # fmt: skip
+    assert layer.self_attn.o_proj.gguf_pieces["None"].qtype == Q.Q4_K
+    assert layer.mlp.down_proj.gguf_pieces["None"].qtype == Q.Q6_K
+    assert model.model.embed_tokens.gguf.qtype == Q.Q8_0 and model.lm_head._tied[0] is model.model.embed_tokens
+    file = GGUFFile(str(gemma_path))
+    blocks = {n: i for n, i in file.tensors.items() if i.ggml_type in BLOCKS}
+    dense = sum(math.prod(i.shape) for n, i in file.tensors.items() if n not in blocks)
+    assert weight_bytes(model) == sum(i.nbytes for i in blocks.values()) + 4 * dense  # fp32 norms on CPU
+    fp16 = 2 * sum(math.prod(i.shape) for i in file.tensors.values())
+    assert weight_bytes(model) / fp16 < 0.47
 
 
 def test_chat_template_answers_a_simple_question(gemma_llm):
@@ -287,3 +371,31 @@ def test_app_accepts_a_gguf_file_as_model(tiny_llama):
 
     choice = resolve_model(str(tiny_llama[0]))
     assert (choice.path, choice.name, choice.demo) == (str(tiny_llama[0]), "tiny-llama", False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers(tiny_llama):
+    """fp32 on the GPU: the Triton dequantization kernel serves the blocks, eagerly and from CUDA graphs, with
+    transformers' greedy tokens on the dequantized file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.llm.tiny import hf_greedy
+    from vlchat.kernels import dispatch
+    from vlchat.kernels.ops.gguf_dequant import OP
+    from vlchat.llm import LLM, SamplingParams
+
+    assert dispatch.choose(OP, torch.float32) == "triton"
+    path = tiny_llama[0]
+    config_dict, tensors = _transformers_gguf(path, load_gguf(path).config)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config_dict), dtype=torch.float32).eval()
+    hf.load_state_dict(tensors, strict=False)
+    prompt = [1, 260, 265, 40, 77, 120, 261, 9]
+    want = hf_greedy(hf, prompt, 12)
+    for eager in (True, False):
+        llm = LLM(str(path), dtype="float32", device="cuda", max_model_len=64, enforce_eager=eager, cache_fraction=0.1)
+        try:
+            assert llm.engine.runner.model.model.layers[0].mlp.down_proj.gguf_pieces["None"].qtype == Q.Q4_K
+            got = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
+        finally:
+            llm.close()
+        assert got.token_ids == want, eager

@@ -61,15 +61,16 @@ def run_ranks(world_size: int, fn, *args) -> list:
 
 
 @torch.no_grad()
-def decoder_outputs(model_dirs: dict[str, str], prompt: list[int], new_tokens: int) -> dict[str, tuple]:
+def decoder_outputs(model_dirs: dict[str, str], prompt: list[int], new_tokens: int, quantization=None) -> dict:
     """Per model: (prompt logits [tokens, vocab] from one paged prefill, `new_tokens` greedy tokens decoded
-    step by step over the paged cache, the logits of a mixed step: a chunked prefill beside a decode)."""
+    step by step over the paged cache, the logits of a mixed step: a chunked prefill beside a decode).
+    `quantization` is load_model's (e.g. "fp8" to quantize at load)."""
     from tests.llm.paged import PagedCache
     from vlchat.llm.weights import load_model
 
     out = {}
     for name, model_dir in model_dirs.items():
-        model = load_model(model_dir, dtype=torch.float32, progress=False)
+        model = load_model(model_dir, dtype=torch.float32, progress=False, quantization=quantization)
         cache = PagedCache(model)
         logits = cache.step(model, [(0, prompt)])
         tokens = cache.greedy(model, 1, prompt, new_tokens)

@@ -72,6 +72,9 @@ def tie_word_embeddings(hf_config) -> bool:
 def build_decoder(hf_config, dtype: torch.dtype) -> nn.Module:
     """The engine's causal LM for the VLM's text config (tied embeddings as transformers decides)."""
     text = copy.deepcopy(hf_config.get_text_config())
+    quantization = getattr(hf_config, "quantization_config", None)
+    if quantization is not None and getattr(text, "quantization_config", None) is None:
+        text.quantization_config = quantization  # a VLM checkpoint's scheme covers its decoder; towers stay 16-bit
     text.tie_word_embeddings = tie_word_embeddings(hf_config)
     arch = _DECODERS.get(getattr(text, "model_type", ""))
     if arch is not None:

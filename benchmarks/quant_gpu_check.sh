@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# GPU check of quantized weights (#48) on one H100/H200, from the repository root of a bare device machine:
+#
+#   bash benchmarks/quant_gpu_check.sh
+#
+# 1. the quantized kernels' and layers' GPU tests (W4A16, FP8, GGUF dequantization; CUDA-graph decoding);
+# 2. benchmarks: quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections), quant_decode (engine
+#    decode steps of the 7B shape: fp16, GPTQ W4A16, FP8), and the serving comparison fp16 vs --quantization fp8
+#    (Llama-2-7B shape, sharegpt-like-v1, 1,000 prompts, concurrency 128).
+# Each step has its own time limit (together under 8 minutes); a step that fails or runs out of time is
+# recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files: summary.md and
+# quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
+set -uo pipefail
+OUT=${OUT:-$PWD/quant_gpu_out}
+mkdir -p "$OUT"
+RUN=$(mktemp -d)
+mkdir -p "$RUN/results"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PY:-python3}
+START=$(date +%s)
+
+# vlchat without installing it: a namespace package `vlchat` whose subpackages are the repository's folders
+SHIM=$(mktemp -d)
+mkdir -p "$SHIM/vlchat"
+for d in app kernels llm vision assets; do ln -s "$PWD/$d" "$SHIM/vlchat/$d"; done
+export PYTHONPATH="$SHIM:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# wheels carried beside the tree (gguf, compressed-tensors, pytest) install offline where the image lacks them
+if ls shared/wheels/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --find-links shared/wheels gguf compressed-tensors pytest >"$RUN/pip.log" 2>&1 || true
+fi
+$PY - <<'EOF' | tee "$RUN/env.txt"
+import importlib.util, torch, triton
+print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__)
+missing = [m for m in ("pytest", "gguf", "compressed_tensors", "transformers") if importlib.util.find_spec(m) is None]
+print("missing python packages:", ", ".join(missing) or "none")
+EOF
+
+declare -A STATUS TIME
+step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $RUN/NAME.log
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$RUN/$name.log" 2>&1
+  rc=$?
+  TIME[$name]=$(($(date +%s) - t0))
+  case $rc in 0) STATUS[$name]=ok ;; 124 | 137) STATUS[$name]="timeout ${limit}s" ;; *) STATUS[$name]="failed rc=$rc" ;; esac
+  echo "$name: ${STATUS[$name]} (${TIME[$name]} s)"
+}
+
+step tests 140 $PY -m pytest -q -x -p no:cacheprovider \
+  tests/kernels/test_ops_quant_linear.py tests/kernels/test_ops_fp8_linear.py tests/kernels/test_ops_gguf_dequant.py tests/kernels/test_ops_gguf_linear.py \
+  tests/llm/test_quantization.py::test_a_quantized_model_decodes_the_same_from_cuda_graphs_as_eagerly \
+  tests/llm/test_gguf.py::test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers
+step quant_linear 75 $PY -m benchmarks.quant_linear --out "$RUN/results"
+step gguf_linear 40 $PY -m benchmarks.gguf_linear --out "$RUN/results"
+step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
+for q in fp16 fp8; do
+  extra=()
+  [ "$q" = fp8 ] && extra=(--quantization fp8)
+  step "serving_$q" 60 $PY -m benchmarks.serving --shape llama2-7b --dtype float16 --num-prompts 1000 \
+    --concurrency 128 "${extra[@]}" --out "$RUN/results/serving_${q}_llama2-7b"
+done
+
+{
+  echo
+  echo "| step | status | s |"
+  echo "|---|---|---|"
+  for s in tests quant_linear gguf_linear quant_decode serving_fp16 serving_fp8; do
+    echo "| $s | ${STATUS[$s]:-not run} | ${TIME[$s]:--} |"
+  done
+  echo
+  tail -n 1 "$RUN/tests.log" 2>/dev/null | sed 's/^/tests: /'
+  grep -h -A8 "^| format |" "$RUN"/results/quant_decode_*.md 2>/dev/null
+  for q in fp16 fp8; do
+    grep -h -i -m1 "req/s" "$RUN/serving_$q.log" 2>/dev/null | sed "s/^/serving $q: /"
+  done
+  echo "total: $(($(date +%s) - START)) s; logs and results: $OUT/quant_gpu_results.tar.gz"
+} >"$RUN/summary.md"
+tar czf "$OUT/quant_gpu_results.tar.gz" -C "$RUN" .
+cp "$RUN/summary.md" "$OUT/summary.md"
+cat "$OUT/summary.md"

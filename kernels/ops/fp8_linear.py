@@ -1,0 +1,90 @@
+"""y = x W^T (+ b) in FP8 (W8A8): W held as float8_e4m3fn [N, K] with one fp32 scale per output row, x quantized
+per row (token) to float8_e4m3fn on the fly, the product on FP8 tensor cores (torch._scaled_mm) where the GPU has
+them (sm_89, sm_90 and newer).
+
+Activation quantization (both implementations): s_x = max|x_row| / 448 (448 is e4m3's largest finite value; a zero
+row takes s_x = 1), x_q = fp8(x / s_x). Then y[m, n] = s_x[m] * s_w[n] * sum_k x_q[m, k] * W_q[n, k] + b[n].
+The reference computes that sum in fp32 from the same fp8 values (the CPU path and the ground truth);
+torch._scaled_mm accumulates in fp32 on the tensor cores and writes bf16 (its row-wise scaling writes no other type),
+rounded to x's dtype after.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlchat.kernels import dispatch
+from vlchat.kernels.device import DeviceInfo, device_for
+
+OP = "ops.fp8_linear"
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 rows, fp32 scales [rows, 1]) of x [rows, K] with each row's largest magnitude at FP8_MAX."""
+    scale = x.abs().amax(dim=-1, keepdim=True).to(torch.float32) / FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def fp8_reference(x, weight, weight_scale, bias=None):
+    x_q, x_scale = quantize_rows(x)
+    y = (x_q.to(torch.float32) @ weight.to(torch.float32).T) * x_scale * weight_scale[None, :]
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+def fp8_scaled_mm(x, weight, weight_scale, bias=None):
+    if x.shape[1] % 16 or weight.shape[0] % 16:  # _scaled_mm's tiles
+        return fp8_reference(x, weight, weight_scale, bias)
+    x_q, x_scale = quantize_rows(x)
+    y = torch._scaled_mm(x_q, weight.T, scale_a=x_scale, scale_b=weight_scale[None, :], out_dtype=torch.bfloat16)
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
+
+
+def scaled_mm_can_run(device: DeviceInfo, dtype: torch.dtype) -> str | None:
+    if not device.is_cuda or device.capability < (8, 9):
+        return f"FP8 tensor cores need sm_89 or newer; {device.arch} has none"
+    if not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no _scaled_mm"
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {dtype} is not supported"
+    return None
+
+
+dispatch.register(OP, fp8_reference, fp8_scaled_mm, can_run=scaled_mm_can_run)
+
+
+def fp8_linear(x, weight, weight_scale, bias=None):
+    """y = x W^T + bias with W in FP8 and x quantized per row (the module docstring gives the arithmetic).
+
+    Args:
+        x: [tokens, K] fp16, bf16 or fp32.
+        weight: [N, K] float8_e4m3fn.
+        weight_scale: [N] fp32, the scale of each row of W.
+        bias: optional [N].
+
+    Returns:
+        [tokens, N] in x's dtype.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"fp8_linear expects x [tokens, K] and weight [N, K]; got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}")  # fmt: skip
+    if weight.dtype != FP8:
+        raise ValueError(f"the weight must be {FP8}; got {weight.dtype}")
+    if weight_scale.shape != (weight.shape[0],) or weight_scale.dtype != torch.float32:
+        raise ValueError(f"weight_scale must be [{weight.shape[0]}] float32; got {tuple(weight_scale.shape)} "
+                         f"{weight_scale.dtype}")  # fmt: skip
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be [{weight.shape[0]}]; got {tuple(bias.shape)}")
+    return dispatch.get_impl(OP, x.dtype, device_for(x))(x, weight, weight_scale, bias)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(FP8 [N, K], fp32 scales [N]) of a 16/32-bit weight [N, K], each row's largest magnitude at FP8_MAX."""
+    q, scale = quantize_rows(w)
+    return q, scale[:, 0]

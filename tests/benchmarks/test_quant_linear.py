@@ -1,0 +1,39 @@
+"""The W4A16 benchmark's memory model and report (GPU-free)."""
+
+import pytest
+
+from benchmarks.quant_linear import FORMATS, MODELS, SHAPES, layer_rows, markdown, memory_table, model_bytes, w4_bytes
+from tests.benchmarks.tables import result, table_at
+
+
+def test_weight_bytes_of_the_llama_shapes():
+    assert model_bytes("7B", "fp16") == pytest.approx(2 * 6.738e9, rel=1e-3)  # Llama 2 7B: 6.74B parameters
+    assert model_bytes("13B", "fp16") == pytest.approx(2 * 13.016e9, rel=1e-3)
+    # 4096 x 4096 at group 128: 8 MiB of codes, 32 x 4096 fp16 scales, as many uint8 zeros
+    assert w4_bytes(4096, 4096, 128) == 8 * 2**20 + 32 * 4096 * 3
+    assert w4_bytes(4096, 4096, 128, zeros=False) == 8 * 2**20 + 32 * 4096 * 2
+    ratio = model_bytes("7B", "w4a16-g128") / model_bytes("7B", "fp16")
+    assert 0.28 < ratio < 0.30  # the fp16 embeddings and head keep it above a quarter
+    assert model_bytes("7B", "w4a16-g32") > model_bytes("7B", "w4a16-g64") > model_bytes("7B", "w4a16-g128")
+
+
+def test_markdown_sums_the_layer_and_lists_every_projection():
+    rows = [
+        {"shape": name, "n": n, "k": k, "rows": count, "fp16_us": 10.0, "w4_us": 4.0, "read_floor_us": 3.0,
+         "quant_mb": 1.0, "rel_err": 1e-3, "fp8_us": 5.0 if count == 1 else None,
+         "best_us": 3.5 if count == 1 else None, "best_config": "64x128/4st/9sp" if count == 1 else None}
+        for name, (n, k) in SHAPES.items() for count in (1, 128)
+    ]  # fmt: skip
+    assert layer_rows(rows) == [
+        {"rows": 1, "fp16_us": 40.0, "w4_us": 16.0, "read_floor_us": 12.0, "fp8_us": 20.0},
+        {"rows": 128, "fp16_us": 40.0, "w4_us": 16.0, "read_floor_us": 12.0, "fp8_us": None},
+    ]
+    lines = markdown(result(group=128, memory=memory_table(), rows=rows)).splitlines()
+    assert lines[0] == "# W4A16 projections (Llama 2 7B layer) on GPU"
+    layer = table_at(lines, "| rows |", 2)
+    assert lines[layer + 2] == "| 1 | 40.0 | 16.0 | 2.50x | 12.0 | 0.75 | 20.0 | 2.00x |"
+    assert lines[layer + 3].endswith("| 0.75 | - | - |")  # no FP8 tensor cores
+    memory = table_at(lines, "| model |", len(MODELS))
+    assert lines[memory].count("|") == len(FORMATS) + 2 and lines[memory + 2].startswith("| 7B | 13.48 GB |")
+    per = table_at(lines, "| W |", len(rows))
+    assert "| 3.50 (64x128/4st/9sp) | 5.00 |" in lines[per + 2] and "| - | - |" in lines[per + 3]

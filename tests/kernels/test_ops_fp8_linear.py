@@ -1,0 +1,82 @@
+"""The FP8 (W8A8) op: per-token activation quantization, the fp32 reference against float64 sums of the same FP8
+values, dispatch per arch (torch._scaled_mm from sm_89), input checks; on an sm_89+ GPU, _scaled_mm on 7B shapes
+against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.attention_helpers import DEV, ON_GPU, sim_device
+from vlchat.kernels import dispatch
+from vlchat.kernels.device import TritonMode
+from vlchat.kernels.ops.fp8_linear import (
+    FP8,
+    FP8_MAX,
+    OP,
+    fp8_linear,
+    fp8_reference,
+    fp8_scaled_mm,
+    quantize_rows,
+    quantize_weight,
+)
+
+FP8_GPU = ON_GPU and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def test_rows_are_scaled_to_the_fp8_range():
+    x = torch.tensor([[1.0, -3.0, 0.5], [0.0, 0.0, 0.0], [1e-3, 2e-3, -4e-3]])
+    q, scale = quantize_rows(x)
+    assert q.dtype == FP8 and scale.shape == (3, 1) and scale.dtype == torch.float32
+    assert q.float().abs().amax(1).tolist() == [FP8_MAX, 0.0, FP8_MAX]
+    assert scale[1, 0] == 1.0  # a zero row keeps a finite scale
+    back = q.float() * scale
+    assert torch.allclose(back, x, rtol=2**-3, atol=0)  # e4m3 keeps 3 mantissa bits
+
+
+@pytest.mark.parametrize("rows, n, k", [(1, 16, 32), (7, 48, 64), (33, 32, 128)], ids=str)
+def test_reference_sums_the_fp8_values_in_fp32(rows, n, k):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, k)
+    w_q, w_scale = quantize_weight(torch.randn(n, k))
+    bias = torch.randn(n)
+    x_q, x_scale = quantize_rows(x)
+    want = (x_q.double() @ w_q.double().T) * x_scale.double() * w_scale.double()[None, :] + bias.double()
+    got = fp8_reference(x, w_q, w_scale, bias)
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-6
+
+
+def test_dispatch_takes_scaled_mm_from_sm_89():
+    for cap, runs in (((7, 5), False), ((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)):
+        device = sim_device(cap, mode=TritonMode.COMPILED)
+        assert (dispatch.choose(OP, torch.bfloat16 if cap >= (8, 0) else torch.float16, device) == "triton") == runs
+    cpu = sim_device((8, 0))
+    cpu = type(cpu)("cpu", "cpu", None, 2, 0, 0, True, TritonMode.INTERPRETED)
+    assert dispatch.choose(OP, torch.float32, cpu) == "torch"
+
+
+def test_bad_inputs_are_refused():
+    w_q, w_scale = quantize_weight(torch.randn(16, 32))
+    x = torch.randn(2, 32)
+    with pytest.raises(ValueError, match=r"x \[tokens, K\]"):
+        fp8_linear(x[:, :16], w_q, w_scale)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_linear(x, w_q.float(), w_scale)
+    with pytest.raises(ValueError, match=r"weight_scale must be \[16\] float32"):
+        fp8_linear(x, w_q, w_scale.half())
+    with pytest.raises(ValueError, match=r"bias must be \[16\]"):
+        fp8_linear(x, w_q, w_scale, torch.randn(3))
+
+
+@pytest.mark.skipif(not FP8_GPU, reason="FP8 tensor cores need an sm_89+ GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("rows", [1, 16, 300, 4096], ids=lambda r: f"rows{r}")
+def test_scaled_mm_matches_the_reference(dtype, rows):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 4096, device=DEV, dtype=dtype)
+    w_q, w_scale = quantize_weight(torch.randn(11008, 4096, device=DEV) * 0.02)
+    bias = torch.randn(11008, device=DEV, dtype=dtype)
+    want = fp8_reference(x, w_q, w_scale, bias).double()
+    got = fp8_scaled_mm(x, w_q, w_scale, bias)
+    assert got.dtype == dtype and got.shape == (rows, 11008)
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-2  # bf16 output rounding

@@ -1,0 +1,160 @@
+"""The W4A16 op: the Triton kernel (interpreted on CPU, tiny shapes; real 7B shapes on a GPU) against float64
+products of the dequantized weight, over group sizes, zeros, g_idx, split-k decode rows and GEMM rows; its
+packing, tile and split rules, dispatch and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, sim_device
+from vlchat.kernels import dispatch
+from vlchat.kernels.device import device_for
+from vlchat.kernels.ops.quant_linear import (
+    GEMV_MAX_ROWS,
+    OP,
+    W4A16_CONFIGS,
+    W4Config,
+    dequantize_w4,
+    launch_config,
+    pack_int4,
+    split_count,
+    unpack_int4,
+    w4a16_linear,
+    w4a16_triton,
+)
+
+TOLS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if ON_GPU else [])  # the interpreter's bf16 dot is off
+K, N = (4096, 4096) if ON_GPU else (256, 40)  # N not a multiple of the tile: masked columns
+
+
+def _weights(k, n, group, zeros, g_idx, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.005).to(dtype)
+    z = torch.randint(0, 17, (k // group, n), generator=gen).to(torch.uint8) if zeros else None
+    gi = (torch.randperm(k, generator=gen) // group).to(torch.int32) if g_idx else None
+    to = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    return to(pack_int4(codes)), to(scales), to(z), to(gi)
+
+
+def _want(x, qweight, scales, zeros, g_idx, group, bias=None):
+    """float64 product of x with the weight the kernel sees (dequantized, rounded once to x's dtype)."""
+    w = dequantize_w4(qweight, scales, zeros, g_idx, group, x.dtype).double()
+    y = x.double() @ w.T
+    return y if bias is None else y + bias.double()
+
+
+def _assert_close(got, want, dtype):
+    err = ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    assert err <= TOLS[dtype], err
+
+
+def test_pack_and_unpack_are_inverse():
+    codes = torch.randint(0, 16, (64, 24))
+    codes[7::8] = 15  # the top nibble set: the word is negative as int32
+    packed = pack_int4(codes)
+    assert packed.dtype == torch.int32 and packed.shape == (8, 24) and (packed < 0).any()
+    assert torch.equal(unpack_int4(packed).long(), codes)
+    assert torch.equal(packed[0, 0], torch.tensor(sum(int(codes[j, 0]) << (4 * j) for j in range(8))).to(torch.int32))
+
+
+CASES = [  # (rows, group, zeros, g_idx, bias)
+    (1, 128, False, False, False),
+    (1, 32, True, True, True),
+    (5, 64, True, False, False),
+    (GEMV_MAX_ROWS, 32, False, True, False),
+    (GEMV_MAX_ROWS + 1, 128, True, False, True),
+    (80, 64, False, False, False),
+    (80, 128, True, True, False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows, group, zeros, g_idx, bias", CASES, ids=lambda v: str(v))
+def test_kernel_matches_float64(dtype, rows, group, zeros, g_idx, bias):
+    qweight, scales, z, gi = _weights(K, N, group, zeros, g_idx, dtype, seed=rows + group)
+    x = torch.randn(rows, K, device=DEV).to(dtype)
+    b = torch.randn(N, device=DEV).to(dtype) if bias else None
+    got = w4a16_triton(x, qweight, scales, z, gi, group, b)
+    assert got.shape == (rows, N) and got.dtype == dtype
+    _assert_close(got, _want(x, qweight, scales, z, gi, group, b), dtype)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7], ids=lambda s: f"splits{s}")
+def test_every_split_of_k_gives_the_same_sums(splits):
+    """Uneven slices (K steps do not divide evenly), a slice count rounded down to whole steps; bias added once."""
+    qweight, scales, z, gi = _weights(K, N, 32, True, False, torch.float32, seed=splits)
+    x = torch.randn(3, K, device=DEV)
+    b = torch.randn(N, device=DEV)
+    got = w4a16_triton(x, qweight, scales, z, gi, 32, b, splits=splits)
+    _assert_close(got, _want(x, qweight, scales, z, gi, 32, b), torch.float32)
+
+
+def test_a_strided_input_row_and_a_smaller_tile():
+    qweight, scales, z, gi = _weights(K, N, 64, True, False, torch.float16, seed=9)
+    x = torch.randn(2, 2 * K, device=DEV).to(torch.float16)[:, ::2]  # last stride 2
+    got = w4a16_triton(x, qweight, scales, z, gi, 64, config=W4Config(16, 16, 32, 2, 1))
+    _assert_close(got, _want(x, qweight, scales, z, gi, 64), torch.float16)
+
+
+def test_tile_and_split_rules():
+    for cap in ARCHS.values():
+        device = sim_device(cap, sm_count=132)
+        for group in (32, 64, 128):
+            gemv = launch_config(1, group, False, device)
+            assert gemv.block_m == 16 and gemv.block_k <= group and group % gemv.block_k == 0
+            assert launch_config(GEMV_MAX_ROWS + 1, group, False, device).block_m > 16
+        assert launch_config(1, 32, True, device).block_k >= 32  # with g_idx a step may span groups
+    assert set(W4A16_CONFIGS) == set(ARCHS.values())
+    cfg = W4Config(16, 64, 128, 4, 4)
+    assert split_count(4096, 4096, cfg, 132, 4) == 9  # 64 column tiles, 528 programs wanted
+    assert split_count(22016, 4096, cfg, 132, 4) == 2
+    assert split_count(64, 256, cfg, 132, 4) == 2  # never more slices than K steps
+
+
+def test_dispatch_runs_the_reference_on_cpu_and_the_kernel_when_forced():
+    qweight, scales, z, gi = _weights(64, 16, 32, True, False, torch.float32)
+    x = torch.randn(2, 64, device=DEV)
+    cpu = sim_device((8, 0)) if ON_GPU else device_for(x)
+    if not ON_GPU:
+        assert dispatch.choose(OP, torch.float32, cpu) == "torch"
+    assert dispatch.choose(OP, torch.float32, cpu, backend="triton") == "triton"
+    w = dequantize_w4(qweight, scales, z, gi, 32)
+    _assert_close(w4a16_linear(x, qweight, scales, z, gi, 32), F.linear(x.double(), w.double()), torch.float32)
+
+
+def test_bad_inputs_are_refused():
+    qweight, scales, z, gi = _weights(64, 16, 32, True, True, torch.float32)
+    x = torch.randn(2, 64, device=DEV)
+    with pytest.raises(ValueError, match=r"qweight \[K // 8, N\]"):
+        w4a16_linear(x[:, :32], qweight, scales, z, gi, 32)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        w4a16_linear(x, qweight, scales, z, gi, 16)
+    with pytest.raises(ValueError, match="scales must be"):
+        w4a16_linear(x, qweight, scales.half(), z, gi, 32)
+    with pytest.raises(ValueError, match="zeros must be uint8"):
+        w4a16_linear(x, qweight, scales, z.int(), gi, 32)
+    with pytest.raises(ValueError, match=r"g_idx must be \[64\]"):
+        w4a16_linear(x, qweight, scales, z, gi[:32], 32)
+    with pytest.raises(ValueError, match="one group"):
+        w4a16_triton(x, qweight, scales, z, None, 32, config=W4Config(16, 16, 64, 2, 1))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("rows", [1, 16, 256], ids=lambda r: f"rows{r}")
+def test_a_captured_product_replays(rows):
+    """The decode path (kernel, then the slices' sum) and the GEMM path both capture into a CUDA graph."""
+    qweight, scales, z, gi = _weights(4096, 11008, 128, True, False, torch.float16, seed=rows)
+    x = torch.randn(rows, 4096, device=DEV, dtype=torch.float16)
+    w4a16_triton(x, qweight, scales, z, gi, 128)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = w4a16_triton(x, qweight, scales, z, gi, 128)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_close(y, _want(x, qweight, scales, z, gi, 128), torch.float16)
