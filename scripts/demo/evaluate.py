@@ -29,6 +29,8 @@ from scripts.demo.shapes import random_scene, render
 
 EVAL_SEED = 20261130  # training draws from seeds below 100_000
 EVAL_TYPES = (*QUESTION_TYPES, "multi", "multi_one", "followup3")
+# a three-image description is about 110 tokens: the budget must not cut a right answer short
+MAX_NEW_TOKENS = 192
 
 
 @dataclass(slots=True)
@@ -124,7 +126,7 @@ def answer_with_transformers(model, processor, items: list[EvalItem], batch_size
             images = [image for i in idx for image in items[i].images] if with_image else None
             batch = processor(images=images, text=[texts[i] for i in idx], padding=True, return_tensors="pt")
             batch = {k: v.to(device) for k, v in batch.items()}
-            out = model.generate(**batch, max_new_tokens=64, do_sample=False)
+            out = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
             for i, ids in zip(idx, out[:, batch["input_ids"].shape[1] :], strict=True):
                 answers[i] = processor.tokenizer.decode(ids, skip_special_tokens=True)
     return answers
@@ -145,7 +147,7 @@ def answer_with_vlchat(llm, items: list[EvalItem], chunk: int = 256) -> list[str
     """Greedy answers from vlchat's engine (`llm.LLM`)."""
     from vlchat.llm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=64)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
     answers = []
     for start in range(0, len(items), chunk):
         outputs = llm.generate([with_images(item) for item in items[start : start + chunk]], params)
