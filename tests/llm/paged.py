@@ -51,7 +51,8 @@ class PagedCache:
         meta = AttentionMetadata(
             is_prefill=is_prefill,
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=torch.from_numpy(padded_rows([self.tables[s] for s, _ in batch])),
+            # torch.tensor, not from_numpy: it follows a `with torch.device(...)` block as the other fields do
+            block_tables=torch.tensor(padded_rows([self.tables[s] for s, _ in batch])),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
             max_seqlen_q=max(len(ids) for _, ids in batch),

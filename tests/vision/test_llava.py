@@ -74,3 +74,14 @@ def test_siglip_tower_with_full_feature_strategy(tmp_path):
     siglip = checks.FamilyChecks(LlavaForConditionalGeneration, "llava")
     family = siglip.setup_family(make_tiny_llava(tmp_path, tower="siglip"))
     checks.check_logits(siglip, family, "one_image")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prompt_logits_helper_runs_on_the_gpu(model_dir, family):
+    """our_prompt_logits(device="cuda"), benchmarks.vision's end-to-end check, keeps every tensor on the GPU
+    and gives the CPU model's logits."""
+    processor, ours, _ = family
+    prompt = type(ours).process_prompt(processor, checks.conversations(image)["one_image"], {})
+    on_gpu = load_model(model_dir, dtype=torch.float32, device="cuda", progress=False)
+    got = our_prompt_logits(on_gpu, prompt, device="cuda")
+    assert got.is_cuda and rel_err(got.cpu(), our_prompt_logits(ours, prompt)) < 1e-3
