@@ -137,7 +137,8 @@ def mean_kl(model, token_ids: list[int], formats=(SIXTEEN_BIT, *QUANTIZED), chun
     from vlchat.llm.layers.attention import Attention
 
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    # the first float parameter: a GGUF model kept quantized also holds uint8 blocks
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     n = len(token_ids)
     caches = {f: _Caches(layers, "auto" if f == SIXTEEN_BIT else f, n, dtype, device) for f in ("auto", *formats)}
