@@ -66,6 +66,7 @@ class ServerConfig:
     max_stop_strings: int = 8
     ui_concurrency: int = 64  # UI chats generating at once
     ui_queue_size: int = 256  # UI chats waiting for a turn; more are refused as busy
+    ui_result_wait_s: float = 10.0  # a UI chat whose results nobody reads within this long of its start is stopped
     analytics_enabled: bool = False
     sampling_defaults: dict = field(default_factory=dict)  # under every request's own sampling fields
     chat_template: str | None = None  # a Jinja chat template used instead of the model's (--chat-template FILE)
@@ -80,7 +81,7 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key must not be empty")
         limits = (self.max_request_bytes, self.max_n, self.max_stop_strings, self.ui_concurrency, self.ui_queue_size)
-        if min(limits) <= 0:
+        if min(limits) <= 0 or not self.ui_result_wait_s > 0:
             raise ConfigError("request limits must be positive")
 
     @property

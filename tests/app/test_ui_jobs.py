@@ -1,0 +1,84 @@
+"""UI jobs nobody reads are stopped in the engine (app/ui_jobs.py).
+
+The demo model with `ignore_eos` as the server's default: a 900-token answer takes many seconds on a
+CPU, so a job that is not stopped would still be running (and never aborted) when these tests look.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.app.live import demo_choice, start_server, wait_until
+
+MAX_NEW = 900
+READER_WAIT_S = 2.0  # the server's ui_result_wait_s in these tests
+
+
+class AbortRecorder:
+    """The engine, with the request ids the app aborts recorded."""
+
+    def __init__(self, engine) -> None:
+        self._engine, self.aborted = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        await self._engine.abort(request_id)
+
+
+@pytest.fixture
+def recorded(demo_engine):
+    return AbortRecorder(demo_engine)
+
+
+def post_chat(server, text: str = "Tell me about the image.") -> httpx.Response:
+    data = [{"text": text, "files": []}, "", 0.0, 1.0, MAX_NEW, []]
+    return httpx.post(f"{server.url}/gradio_api/call/chat", json={"data": data}, timeout=30)
+
+
+def result_url(server, posted: httpx.Response) -> str:
+    assert posted.status_code == 200, posted.text
+    return f"{server.url}/gradio_api/call/chat/{posted.json()['event_id']}"
+
+
+def assert_engine_idle(engine) -> None:
+    total = engine.engine.block_manager.num_blocks
+
+    def idle():
+        stats = engine.stats()
+        return not engine.engine.requests and stats.num_running == stats.num_waiting == 0 and (
+            engine.num_free_blocks() == total)  # fmt: skip
+
+    wait_until(idle, 60, "the engine to hold no request and every KV block to be free")
+
+
+def ui_server(engine, **config):
+    return start_server(engine, demo_choice(), sampling_defaults={"ignore_eos": True}, ui_result_wait_s=READER_WAIT_S,
+                        **config)  # fmt: skip
+
+
+def test_a_posted_job_whose_results_nobody_reads_is_aborted(recorded, demo_engine):
+    server = ui_server(recorded)
+    try:
+        posted = post_chat(server)  # httpx.post's connection closes here; the result stream is never asked for
+        result_url(server, posted)
+        (aborted,) = wait_until(lambda: recorded.aborted, 60, "the unread job to be aborted")
+        assert aborted.startswith("ui-")
+        assert_engine_idle(demo_engine)
+    finally:
+        server.stop()
+
+
+def test_a_job_whose_reader_leaves_is_aborted(recorded, demo_engine):
+    server = ui_server(recorded)
+    try:
+        with httpx.stream("GET", result_url(server, post_chat(server)), timeout=60) as stream:
+            events = (line for line in stream.iter_lines() if line.startswith("event:"))
+            assert next(e for e in events if e != "event: heartbeat") == "event: generating"
+        wait_until(lambda: recorded.aborted, 60, "the job to be aborted once its reader left")
+        assert_engine_idle(demo_engine)
+    finally:
+        server.stop()
