@@ -115,7 +115,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         from gradio.utils import get_upload_folder
 
         readable = [get_upload_folder(), *(str(p) for p in model.example_dirs)]  # what Gradio may open
-        app.add_middleware(UiJobRoutes, readers=readers)
+        app.add_middleware(UiJobRoutes, readers=readers, queue_size=config.ui_queue_size)
         app.add_middleware(UiFileGuard, allowed_dirs=readable, allow_remote=config.media.allow_remote)
     if config.cors_origins:  # without it browsers allow only the server's own origin
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],

@@ -1,4 +1,4 @@
-"""The UI's queued jobs: a job whose results nobody reads is stopped.
+"""The UI's queued jobs: a job whose results nobody reads is stopped, and a full queue answers "busy".
 
 Gradio runs a job posted to `/gradio_api/call/<api>` or `/gradio_api/queue/join` whether or not anyone
 reads its results. When a reader leaves, Gradio closes the job's generator at its next update (whose
@@ -8,6 +8,10 @@ the result streams are counted here, `GET /gradio_api/call/<api>/<event_id>` by 
 and a UI job's engine stream (`ResultReaders.while_read`) stops, aborting the engine request, when no
 reader came within `wait_s` of the job's start or the last one left (also while the request is still
 waiting in the engine, before its first update).
+
+Past the queue bound (`Blocks.queue(max_size)`) Gradio answers 503 {"detail": "Queue is full. ..."};
+`UiJobRoutes` turns that into an error body that says the server is busy, with Retry-After. Gradio's
+own clients key on the 503 only (the browser shows "This application is currently busy").
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from urllib.parse import parse_qs
 
+from vlchat.app.api.errors import user_error_response
+from vlchat.app.decode_budget import ServerBusyError
+
 log = logging.getLogger("vlchat.ui")
 
+RETRY_AFTER_S = 5
 _RESULT_STREAM = re.compile(r"call/(?:v2/)?[^/]+/([^/]+)/?")
+_JOIN = re.compile(r"queue/join/?|call/(?:v2/)?[^/]+/?")
 
 
 class ResultReaders:
@@ -108,10 +117,10 @@ def current_job() -> tuple[str, ...]:
 
 
 class UiJobRoutes:
-    """ASGI middleware for the UI's job routes: counts result-stream readers."""
+    """ASGI middleware for the UI's job routes: counts result-stream readers, rewrites Gradio's queue-full answer."""
 
-    def __init__(self, app, readers: ResultReaders, prefix: str = "/gradio_api/") -> None:
-        self.app, self.readers, self.prefix = app, readers, prefix
+    def __init__(self, app, readers: ResultReaders, queue_size: int, prefix: str = "/gradio_api/") -> None:
+        self.app, self.readers, self.queue_size, self.prefix = app, readers, queue_size, prefix
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -120,6 +129,8 @@ class UiJobRoutes:
         route = path[len(self.prefix) :]
         if scope["method"] == "GET" and (key := self._reader_key(route, scope)) is not None:
             return await self._read(key, scope, receive, send)
+        if scope["method"] == "POST" and _JOIN.fullmatch(route):
+            return await self.app(scope, receive, self._busy_answer(send))
         return await self.app(scope, receive, send)
 
     @staticmethod
@@ -145,3 +156,29 @@ class UiJobRoutes:
         finally:
             if counted:
                 self.readers.closed(key)
+
+    def _busy_answer(self, send):
+        held, chunks = None, []
+
+        async def rewriting_send(message):
+            nonlocal held
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                held = message  # what it is shows in the body
+                return
+            if held is None:
+                return await send(message)
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = b"".join(chunks)
+            if b"Queue is full" not in body:
+                await send(held)
+                return await send({"type": "http.response.body", "body": body})
+            busy = user_error_response(ServerBusyError(
+                f"the server is busy: the UI queue is full ({self.queue_size} chats waiting); "
+                f"retry in {RETRY_AFTER_S} s"))  # fmt: skip
+            busy.headers["Retry-After"] = str(RETRY_AFTER_S)
+            await send({"type": "http.response.start", "status": 503, "headers": busy.raw_headers})
+            await send({"type": "http.response.body", "body": busy.body})
+
+        return rewriting_send

@@ -1,4 +1,4 @@
-"""UI jobs nobody reads are stopped in the engine (app/ui_jobs.py).
+"""UI jobs nobody reads are stopped in the engine, and a full UI queue answers "busy" (app/ui_jobs.py).
 
 The demo model with `ignore_eos` as the server's default: a 900-token answer takes many seconds on a
 CPU, so a job that is not stopped would still be running (and never aborted) when these tests look.
@@ -79,6 +79,26 @@ def test_a_job_whose_reader_leaves_is_aborted(recorded, demo_engine):
             events = (line for line in stream.iter_lines() if line.startswith("event:"))
             assert next(e for e in events if e != "event: heartbeat") == "event: generating"
         wait_until(lambda: recorded.aborted, 60, "the job to be aborted once its reader left")
+        assert_engine_idle(demo_engine)
+    finally:
+        server.stop()
+
+
+def test_a_full_ui_queue_answers_busy(recorded, demo_engine):
+    """One chat generating, one waiting (the queue's bound): the next is refused at once with a busy answer."""
+    server = ui_server(recorded, ui_concurrency=1, ui_queue_size=1)
+    try:
+        with httpx.stream("GET", result_url(server, post_chat(server)), timeout=60):
+            wait_until(lambda: demo_engine.engine.requests, 60, "the first chat to generate")
+            waiting = post_chat(server, "second")
+            assert waiting.status_code == 200, waiting.text
+            refused = post_chat(server, "third")
+            assert refused.status_code == 503, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "server_busy" and "busy" in error["message"] and "queue is full" in error["message"]
+            assert refused.headers["Retry-After"].isdigit()
+        # the first chat's reader left and the waiting one is never read: both stop
+        wait_until(lambda: len(recorded.aborted) == 2, 60, "both accepted chats to be aborted")
         assert_engine_idle(demo_engine)
     finally:
         server.stop()
