@@ -9,24 +9,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.app.live import demo_choice, start_server, wait_until
+from tests.app.live import AbortRecorder, demo_choice, start_server, wait_engine_idle, wait_until
 
 MAX_NEW = 900
 READER_WAIT_S = 2.0  # the server's ui_result_wait_s in these tests
-
-
-class AbortRecorder:
-    """The engine, with the request ids the app aborts recorded."""
-
-    def __init__(self, engine) -> None:
-        self._engine, self.aborted = engine, []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-        await self._engine.abort(request_id)
 
 
 @pytest.fixture
@@ -44,17 +30,6 @@ def result_url(server, posted: httpx.Response) -> str:
     return f"{server.url}/gradio_api/call/chat/{posted.json()['event_id']}"
 
 
-def assert_engine_idle(engine) -> None:
-    total = engine.engine.block_manager.num_blocks
-
-    def idle():
-        stats = engine.stats()
-        return not engine.engine.requests and stats.num_running == stats.num_waiting == 0 and (
-            engine.num_free_blocks() == total)  # fmt: skip
-
-    wait_until(idle, 60, "the engine to hold no request and every KV block to be free")
-
-
 def ui_server(engine, **config):
     return start_server(engine, demo_choice(), sampling_defaults={"ignore_eos": True}, ui_result_wait_s=READER_WAIT_S,
                         **config)  # fmt: skip
@@ -67,7 +42,7 @@ def test_a_posted_job_whose_results_nobody_reads_is_aborted(recorded, demo_engin
         result_url(server, posted)
         (aborted,) = wait_until(lambda: recorded.aborted, 60, "the unread job to be aborted")
         assert aborted.startswith("ui-")
-        assert_engine_idle(demo_engine)
+        wait_engine_idle(demo_engine)
     finally:
         server.stop()
 
@@ -79,7 +54,7 @@ def test_a_job_whose_reader_leaves_is_aborted(recorded, demo_engine):
             events = (line for line in stream.iter_lines() if line.startswith("event:"))
             assert next(e for e in events if e != "event: heartbeat") == "event: generating"
         wait_until(lambda: recorded.aborted, 60, "the job to be aborted once its reader left")
-        assert_engine_idle(demo_engine)
+        wait_engine_idle(demo_engine)
     finally:
         server.stop()
 
@@ -99,6 +74,6 @@ def test_a_full_ui_queue_answers_busy(recorded, demo_engine):
             assert refused.headers["Retry-After"].isdigit()
         # the first chat's reader left and the waiting one is never read: both stop
         wait_until(lambda: len(recorded.aborted) == 2, 60, "both accepted chats to be aborted")
-        assert_engine_idle(demo_engine)
+        wait_engine_idle(demo_engine)
     finally:
         server.stop()
