@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from vlchat.app import __version__
@@ -12,10 +13,24 @@ from vlchat.app.settings import (
     DEFAULT_PORT,
     MediaLimits,
     ServerConfig,
+    limit_flag,
     parse_auth,
     read_chat_template,
     read_env,
 )
+
+# MediaLimits fields `vlchat serve` sets from a flag of the same name (max_images_per_request: --max-images)
+IMAGE_LIMITS = {
+    "max_image_bytes": (int, "bytes of one image as sent"),
+    "max_image_pixels": (int, "pixels of one image, as its header declares them"),
+    "max_request_pixels": (int, "pixels of all images of one request together"),
+    "max_working_pixels": (int, "larger images are scaled down (aspect kept) to this many pixels before the "
+                                "model's processor"),
+    "max_aspect_ratio": (float, "longest over shortest side of an image"),
+    "max_decode_bytes": (int, "memory for decoding images, the whole server at once; a decode that waits "
+                              "too long for room answers 503"),
+}  # fmt: skip
+_LIMIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MediaLimits)}
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
@@ -72,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(never link-local); by default only public addresses are fetched from")  # fmt: skip
     serve.add_argument("--allowed-local-media-path", metavar="DIR", help="let requests name image files inside DIR")
     serve.add_argument("--max-images", type=int, default=8, help="images per request at most (default: 8)")
+    for name, (kind, meaning) in IMAGE_LIMITS.items():
+        serve.add_argument(limit_flag(name), dest=name, type=kind, metavar="N" if kind is int else "R",
+                           help=f"{meaning} (default: {_LIMIT_DEFAULTS[name]:,})")  # fmt: skip
     serve.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use instead of the model's")
     serve.add_argument("--cors-origins", metavar="ORIGIN", nargs="+", default=[],
                        help="browser origins allowed to call the API besides the server's own "
@@ -102,6 +120,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         allow_private_remote=args.allow_private_image_hosts,
         allowed_local_dir=args.allowed_local_media_path,
         max_images_per_request=args.max_images,
+        **{name: getattr(args, name) for name in IMAGE_LIMITS if getattr(args, name) is not None},
     )
     return ServerConfig(
         model=args.model,

@@ -93,8 +93,10 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         import gradio as gr
 
         from vlchat.app.ui import CSS, build_ui
+        from vlchat.app.ui_jobs import ResultReaders, UiJobRoutes
 
-        blocks = build_ui(engine, model, config)
+        readers = ResultReaders(config.ui_result_wait_s)
+        blocks = build_ui(engine, model, config, readers)
         app = gr.mount_gradio_app(
             app,
             blocks,
@@ -113,6 +115,7 @@ def build_app(config: ServerConfig, engine, model: ModelChoice, *, with_ui: bool
         from gradio.utils import get_upload_folder
 
         readable = [get_upload_folder(), *(str(p) for p in model.example_dirs)]  # what Gradio may open
+        app.add_middleware(UiJobRoutes, readers=readers, queue_size=config.ui_queue_size)
         app.add_middleware(UiFileGuard, allowed_dirs=readable, allow_remote=config.media.allow_remote)
     if config.cors_origins:  # without it browsers allow only the server's own origin
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],

@@ -34,18 +34,24 @@ class MediaLimits:
     decoding: DecodeBudget = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        limits = (self.max_image_bytes, self.max_image_pixels, self.max_images_per_request, self.max_request_pixels,
-                  self.max_working_pixels, self.max_decode_bytes, self.max_processor_pixels)  # fmt: skip
-        if min(limits) <= 0:
-            raise ConfigError("image limits must be positive")
+        limits = ("max_image_bytes", "max_image_pixels", "max_images_per_request", "max_request_pixels",
+                  "max_working_pixels", "max_decode_bytes", "max_processor_pixels")  # fmt: skip
+        for name in limits:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{limit_flag(name)} must be positive, not {getattr(self, name)}")
         self.decoding = DecodeBudget(self.max_decode_bytes, self.decode_wait_s)
-        if self.max_aspect_ratio < 1:
-            raise ConfigError("max_aspect_ratio must be at least 1")
+        if not self.max_aspect_ratio >= 1:
+            raise ConfigError(f"--max-aspect-ratio must be at least 1, not {self.max_aspect_ratio:g}")
         if self.allowed_local_dir is not None:
             path = Path(self.allowed_local_dir).expanduser()
             if not path.is_dir():
                 raise ConfigError(f"--allowed-local-media-path {self.allowed_local_dir!r} is not a directory")
             self.allowed_local_dir = os.path.realpath(path)
+
+
+def limit_flag(name: str) -> str:
+    """The `vlchat serve` flag that sets the MediaLimits field `name`."""
+    return "--max-images" if name == "max_images_per_request" else "--" + name.replace("_", "-")
 
 
 @dataclass(slots=True)
@@ -66,6 +72,7 @@ class ServerConfig:
     max_stop_strings: int = 8
     ui_concurrency: int = 64  # UI chats generating at once
     ui_queue_size: int = 256  # UI chats waiting for a turn; more are refused as busy
+    ui_result_wait_s: float = 10.0  # a UI chat whose results nobody reads within this long of its start is stopped
     analytics_enabled: bool = False
     sampling_defaults: dict = field(default_factory=dict)  # under every request's own sampling fields
     chat_template: str | None = None  # a Jinja chat template used instead of the model's (--chat-template FILE)
@@ -80,7 +87,7 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key must not be empty")
         limits = (self.max_request_bytes, self.max_n, self.max_stop_strings, self.ui_concurrency, self.ui_queue_size)
-        if min(limits) <= 0:
+        if min(limits) <= 0 or not self.ui_result_wait_s > 0:
             raise ConfigError("request limits must be positive")
 
     @property

@@ -31,6 +31,7 @@ from vlchat.app.ui_history import (
     turn_start,
     user_turn,
 )  # fmt: skip
+from vlchat.app.ui_jobs import ResultReaders, current_job
 
 log = logging.getLogger("vlchat.ui")
 
@@ -50,8 +51,11 @@ def conversation(message: dict, history: list[dict], system_prompt: str, limits:
                            system_prompt, limits)  # fmt: skip
 
 
-def make_respond(engine, config: ServerConfig):
-    """The `/chat` API function: one conversation per call; `history` (OpenAI messages) carries earlier turns."""
+def make_respond(engine, config: ServerConfig, readers: ResultReaders | None = None):
+    """The `/chat` API function: one conversation per call; `history` (OpenAI messages) carries earlier turns.
+
+    With `readers`, a call run by Gradio's queue stops (and aborts its engine request) once nobody reads its results.
+    """
 
     async def respond(message, history, system_prompt, temperature, top_p, max_new_tokens):
         try:
@@ -68,7 +72,7 @@ def make_respond(engine, config: ServerConfig):
             return
         text, shown, last_shown = "", "", 0.0
         try:
-            async with aclosing(_outputs(engine, config, prompt, params)) as outputs:
+            async with aclosing(_outputs(engine, config, prompt, params, readers)) as outputs:
                 async for output in outputs:
                     text = output.outputs[0].text
                     if time.monotonic() - last_shown >= UI_UPDATE_INTERVAL_S:  # not a browser redraw per token
@@ -82,8 +86,9 @@ def make_respond(engine, config: ServerConfig):
     return respond
 
 
-def _outputs(engine, config: ServerConfig, prompt, params):
-    return fitted_outputs(engine, new_request_id("ui"), prompt, params, mm_options(config.media))
+def _outputs(engine, config: ServerConfig, prompt, params, readers: ResultReaders | None):
+    outputs = fitted_outputs(engine, new_request_id("ui"), prompt, params, mm_options(config.media))
+    return outputs if readers is None else readers.while_read(outputs, current_job())
 
 
 def _warn(exc: BaseException) -> None:
@@ -102,7 +107,7 @@ BUSY = dict(interactive=False, submit_btn=False, stop_btn=True)
 IDLE = dict(interactive=True, submit_btn=True, stop_btn=False)
 
 
-def make_turns(engine, config: ServerConfig):
+def make_turns(engine, config: ServerConfig, readers: ResultReaders | None = None):
     """The UI's event handlers that run a turn; each yields (textbox update, chatbot value)."""
 
     async def run(prior, turn, before, restore, settings):
@@ -121,7 +126,7 @@ def make_turns(engine, config: ServerConfig):
         yield _textbox(value=None, **BUSY), history
         text, finish, last_shown = "", None, 0.0
         try:
-            async with aclosing(_outputs(engine, config, prompt, params)) as outputs:
+            async with aclosing(_outputs(engine, config, prompt, params, readers)) as outputs:
                 async for output in outputs:
                     text, finish = output.outputs[0].text, output.outputs[0].finish_reason
                     if time.monotonic() - last_shown >= UI_UPDATE_INTERVAL_S:
@@ -184,7 +189,7 @@ def header(model: ModelChoice) -> str:
     return text
 
 
-def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
+def build_ui(engine, model: ModelChoice, config: ServerConfig, readers: ResultReaders | None = None) -> gr.Blocks:
     from vlchat.app.ui_sidebar import wire_sidebar
 
     max_len = getattr(engine, "max_model_len", None) or 2048
@@ -220,7 +225,7 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
             max_new = gr.Slider(1, max(1, max_len - 1), value=min(512, max_len - 1), step=1, label="Max new tokens")
         settings = [system, temperature, top_p, max_new]
 
-        send, edit, retry, example = make_turns(engine, config)
+        send, edit, retry, example = make_turns(engine, config, readers)
         io = dict(outputs=[textbox, chatbot], concurrency_limit=config.ui_concurrency, api_visibility="private")
         turns = [
             textbox.submit(send, [textbox, chatbot, *settings], **io),
@@ -236,11 +241,13 @@ def build_ui(engine, model: ModelChoice, config: ServerConfig) -> gr.Blocks:
         api_message = gr.MultimodalTextbox(visible=False, file_count="multiple")
         api_history = gr.JSON(value=[], visible=False)
         api_answer = gr.Textbox(visible=False)
-        respond = make_respond(engine, config)
+        respond = make_respond(engine, config, readers)
 
         async def chat(message, system, temperature, top_p, max_new_tokens, history=None):
-            async for text in respond(message, history, system, temperature, top_p, max_new_tokens):
-                yield text
+            # closed with this generator (Gradio closes it when its reader leaves), not whenever it is collected
+            async with aclosing(respond(message, history, system, temperature, top_p, max_new_tokens)) as texts:
+                async for text in texts:
+                    yield text
 
         gr.Button(visible=False).click(
             chat, [api_message, *settings, api_history], [api_answer], api_name="chat",

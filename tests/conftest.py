@@ -23,13 +23,20 @@ torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")
-def demo_server():
-    """The app over the shipped demo model, whose greedy answers about the example images are known."""
-    from tests.app.live import demo_choice, start_engine, start_server
+def demo_engine():
+    """The engine over the shipped demo model (1024 positions)."""
+    from tests.app.live import demo_choice, start_engine
 
-    choice = demo_choice()
-    engine = start_engine(choice.path, max_model_len=1024)
-    server = start_server(engine, choice)
+    engine = start_engine(demo_choice().path, max_model_len=1024)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_server(demo_engine):
+    """The app over the shipped demo model, whose greedy answers about the example images are known."""
+    from tests.app.live import demo_choice, start_server
+
+    server = start_server(demo_engine, demo_choice())
     yield server
     server.stop()
-    engine.shutdown()

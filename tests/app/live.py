@@ -43,6 +43,20 @@ class LiveServer:
         self._sock.close()
 
 
+class AbortRecorder:
+    """An engine with the request ids the app aborts recorded (serve it with `start_server`)."""
+
+    def __init__(self, engine) -> None:
+        self._engine, self.aborted = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        await self._engine.abort(request_id)
+
+
 def wait_until(predicate, timeout: float, what: str):
     """Poll predicate until it returns something truthy (returned) or timeout seconds pass."""
     deadline = time.monotonic() + timeout
@@ -52,6 +66,19 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_engine_idle(engine, free_blocks: int | None = None, timeout: float = 60) -> None:
+    """Wait until the engine holds no request, runs and queues none, and `free_blocks` KV blocks (default: all)
+    are free."""
+    want = engine.engine.block_manager.num_blocks if free_blocks is None else free_blocks
+
+    def idle():
+        stats = engine.stats()
+        return not engine.engine.requests and stats.num_running == stats.num_waiting == 0 and (
+            engine.num_free_blocks() == want)  # fmt: skip
+
+    wait_until(idle, timeout, f"the engine to hold no request and {want} free KV blocks")
 
 
 def demo_choice() -> ModelChoice:

@@ -57,6 +57,21 @@ def test_chat_template_file_and_cors_origins(tmp_path):
     assert server_config(build_parser().parse_args(["serve"])).cors_origins == ()
 
 
+def test_image_limit_flags_become_media_limits():
+    from vlchat.app.cli import build_parser, server_config
+    from vlchat.app.settings import MediaLimits
+
+    args = build_parser().parse_args(["serve", "--max-image-bytes", "1000000", "--max-image-pixels", "2000000",
+                                      "--max-request-pixels", "3000000", "--max-working-pixels", "500000",
+                                      "--max-aspect-ratio", "20", "--max-decode-bytes", "64000000"])  # fmt: skip
+    media = server_config(args).media
+    assert (media.max_image_bytes, media.max_image_pixels, media.max_request_pixels, media.max_working_pixels,
+            media.max_aspect_ratio, media.max_decode_bytes) == (1_000_000, 2_000_000, 3_000_000, 500_000, 20.0,
+                                                                64_000_000)  # fmt: skip
+    assert media.decoding.max_bytes == 64_000_000  # the server-wide decode budget is built from the flag
+    assert server_config(build_parser().parse_args(["serve"])).media == MediaLimits()  # no flag: the defaults
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -67,9 +82,13 @@ def test_chat_template_file_and_cors_origins(tmp_path):
         (["serve", "--model", "nobody/no-such-model"], "could not get 'nobody/no-such-model'"),
         (["serve", "--model", __file__], "a .gguf file"),
         (["serve", "--chat-template", "/no/such/template.jinja"], "--chat-template"),
+        (["serve", "--max-request-pixels", "0"], "--max-request-pixels must be positive"),
+        (["serve", "--max-decode-bytes", "-1"], "--max-decode-bytes must be positive"),
+        (["serve", "--max-aspect-ratio", "0.5"], "--max-aspect-ratio must be at least 1"),
     ],
-    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline", "not-a-model-file", "chat-template"],
-)
+    ids=["auth", "media-dir", "serve-model", "chat-model", "hub-id-offline", "not-a-model-file", "chat-template",
+         "request-pixels-zero", "decode-bytes-negative", "aspect-ratio-below-1"],
+)  # fmt: skip
 def test_bad_options_are_one_line_errors(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
