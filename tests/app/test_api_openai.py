@@ -9,6 +9,7 @@ import math
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
@@ -85,6 +86,37 @@ def test_json_schema_answer_is_parsed_by_pydantic(server):
         choice = done.choices[0]
         assert choice.finish_reason == "stop"
         assert isinstance(choice.message.parsed, Receipt), choice.message.content
+
+
+def test_streamed_json_schema_answer_is_parsed_by_the_client(server):
+    """The client's streaming helper parses the JSON as it arrives and the final message into the pydantic model."""
+    with client(server).chat.completions.stream(model="tiny-llava", messages=HELLO, response_format=Receipt,
+                                                max_tokens=200, temperature=1.0, seed=7) as stream:  # fmt: skip
+        deltas = [event.delta for event in stream if event.type == "content.delta"]
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Receipt), choice.message.content
+    assert "".join(deltas) == choice.message.content and len(deltas) > 1
+
+
+class GetWeather(BaseModel):
+    city: str = Field(max_length=12)
+    days: int = Field(ge=1, le=7)
+
+
+def test_pydantic_function_tool_arguments_are_parsed_by_the_client(tool_server):
+    """A strict tool made from a pydantic model (`openai.pydantic_function_tool`): the client parses the arguments of
+    the forced call into that model, from the whole answer and from the streamed deltas its helper assembles."""
+    args = dict(model="tiny-llava", messages=HELLO, tools=[openai.pydantic_function_tool(GetWeather)],
+                tool_choice="required", parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=3)  # fmt: skip
+    choice = client(tool_server).chat.completions.parse(**args).choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "GetWeather" and isinstance(call.function.parsed_arguments, GetWeather)
+    with client(tool_server).chat.completions.stream(**args) as stream:
+        done = [e.parsed_arguments for e in stream if e.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion().choices[0]
+    assert done == [call.function.parsed_arguments] and final.finish_reason == "tool_calls"
 
 
 def test_json_object_regex_and_choice_extensions(server):
