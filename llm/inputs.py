@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from vlchat.llm.errors import InvalidRequestError, TextTooLongError
-from vlchat.llm.tokenizer import apply_chat_template, template_options
+from vlchat.llm.tokenizer import apply_chat_template, json_strings, template_options
 
 
 @dataclass(slots=True)
@@ -98,24 +98,9 @@ def _message_texts(messages: list[Mapping], tools: Any = None) -> list:
         content = message.get("content")
         for part in content if isinstance(content, list) else [content]:
             texts.append(part.get("text") if isinstance(part, Mapping) else part)
-        texts.extend(_strings(message.get("tool_calls")))
-    texts.extend(_strings(tools))
+        texts.extend(json_strings(message.get("tool_calls")))
+    texts.extend(json_strings(tools))
     return texts
-
-
-def _strings(value: Any) -> list[str]:
-    """The strings (keys and values) in nested JSON-like data; iterative, so nesting depth costs no recursion."""
-    out, stack = [], [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return out
 
 
 def _check_length(texts: list, max_chars: int | None, max_model_len: int | None) -> None:

@@ -192,18 +192,21 @@ def _mark_descriptions(value, mark, depth: int = 0):
 def _identifier_strings(marked: list[dict], marked_tools: object) -> list[str]:
     """The strings the client wrote that are not marked text: tool-call names and ids, tool-call ids and names of
     messages, and the tools' names and schemas."""
-    strings, stack = [], [marked_tools]
-    for message in marked:
-        stack += [message.get("tool_calls"), message.get("tool_call_id"), message.get("name")]
+    return json_strings([marked_tools, *([m.get("tool_calls"), m.get("tool_call_id"), m.get("name")] for m in marked)])
+
+
+def json_strings(value: object) -> list[str]:
+    """The strings (keys and values) in nested JSON-like data; iterative, so nesting depth costs no recursion."""
+    out, stack = [], [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            strings.append(item)
+            out.append(item)
         elif isinstance(item, Mapping):
             stack += [*item.keys(), *item.values()]
-        elif isinstance(item, list):
+        elif isinstance(item, (list, tuple)):
             stack += item
-    return strings
+    return out
 
 
 def _refuse_controls_in_identifiers(controls: list[str], marked: list[dict], marked_tools: object) -> None:
