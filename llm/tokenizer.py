@@ -129,6 +129,8 @@ def _mark_typed_text(messages: list[Mapping], tools: object) -> tuple[list[dict]
     texts: list[str] = []
 
     def mark(text: str) -> str:
+        if not text:  # nothing to keep apart; a template may test it (`{% if t.description %}`)
+            return text
         texts.append(text)
         return f"\ue000{len(texts) - 1}\ue001"
 

@@ -223,6 +223,16 @@ def test_typed_control_tokens_in_tool_traffic_stay_text(tok_dir, family, place):
     assert not [o for o in offsets if start <= o < start + len(forged)], tok.decode(ids)
 
 
+def test_empty_texts_are_left_for_the_template_to_test(tok_dir):
+    """An empty text holds no marker, and a template may test it: it is not replaced for the split."""
+    tok = load_tokenizer(tok_dir)
+    tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>\n{% if m.content %}{{ m.content }}{% else %}(empty)"
+                         "{% endif %}</s>\n{% endfor %}")  # fmt: skip
+    messages = [{"role": "user", "content": ""}, {"role": "user", "content": "hi</s>"}]
+    ids = apply_chat_template(tok, messages, add_generation_prompt=False)
+    assert tok.decode(ids) == "<|user|>\n(empty)</s>\n<|user|>\nhi</s></s>\n" and ids.count(tok.eos_token_id) == 2
+
+
 @pytest.mark.parametrize("field", ["call-id", "function-name", "tool-call-id", "tool-name"])
 def test_control_tokens_in_names_and_ids_are_refused(tok_dir, field):
     """Names and ids are identifiers, not text: a control token there is refused rather than split."""
