@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from vlchat.llm.errors import InvalidRequestError, TextTooLongError
-from vlchat.llm.tokenizer import apply_chat_template, template_options
+from vlchat.llm.tokenizer import apply_chat_template, json_strings, template_options
 
 
 @dataclass(slots=True)
@@ -91,12 +91,15 @@ def _check_text(text: Any) -> None:
         ) from None
 
 
-def _message_texts(messages: list[Mapping]) -> list:
+def _message_texts(messages: list[Mapping], tools: Any = None) -> list:
+    """Every text the chat template may render: contents, tool calls in the history, the tools' definitions."""
     texts = []
     for message in messages:
         content = message.get("content")
         for part in content if isinstance(content, list) else [content]:
             texts.append(part.get("text") if isinstance(part, Mapping) else part)
+        texts.extend(json_strings(message.get("tool_calls")))
+    texts.extend(json_strings(tools))
     return texts
 
 
@@ -121,6 +124,15 @@ def max_prompt_chars(tokenizer, max_model_len: int, safety: int = 2) -> int | No
     return max(1, longest) * max_model_len * safety if longest else None
 
 
+def encode_text(
+    tokenizer, text: str, max_chars: int | None = None, max_model_len: int | None = None, add_special_tokens=True
+) -> list[int]:
+    """The token ids of plain text; text longer than `max_chars` is refused before it is tokenized."""
+    _check_length([text], max_chars, max_model_len)
+    _check_text(text)
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
 def normalize_prompt(
     prompt: Any,
     tokenizer,
@@ -139,9 +151,7 @@ def normalize_prompt(
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("the prompt is empty; send at least one character")
-        _check_length([prompt], max_chars, max_model_len)
-        _check_text(prompt)
-        return MultiModalPrompt(token_ids=list(tokenizer.encode(prompt)), text=prompt)
+        return MultiModalPrompt(token_ids=encode_text(tokenizer, prompt, max_chars, max_model_len), text=prompt)
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer) if tokenizer is not None else None
         if vocab is not None and any(t < 0 or t >= vocab for t in prompt):
@@ -151,7 +161,7 @@ def normalize_prompt(
         for message in prompt:
             if "role" not in message or "content" not in message:
                 raise InvalidRequestError("every chat message needs a 'role' and a 'content'")
-        texts = _message_texts(prompt)
+        texts = _message_texts(prompt, (mm_options or {}).get("tools"))
         _check_length(texts, max_chars, max_model_len)
         for text in texts:
             _check_text(text)

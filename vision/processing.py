@@ -104,7 +104,7 @@ def run_processor(processor, messages: list[Mapping], mm_options: Mapping):
     template = template_options(mm_options)
     if getattr(processor, "chat_template", None) is None and "chat_template" not in template:
         raise InvalidRequestError("this model's processor has no chat template; it cannot take chat messages")
-    typed = typed_control_tokens(processor.tokenizer, hf_messages)
+    typed = typed_control_tokens(processor.tokenizer, hf_messages, template.get("tools"))
     if typed:  # the processor tokenizes the whole rendered text: typed markers would become real ones
         raise InvalidRequestError(
             f"the text contains {typed[0]!r}, a control token of this model's chat format; remove it: do not type "

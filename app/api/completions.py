@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: request -> engine prompt and sampling params -> JSON body or SSE stream.
 
 With tools (tool_choice other than "none") the answer is parsed for the model family's tool calls
-(app/api/tools.py): they come back as `tool_calls` with finish_reason "tool_calls"; streamed, content stops at a
+(app/api/tools.py): they come back as `tool_calls` with finish_reason "tool_calls" (or "length" where max_tokens cut
+the answer: the model did not finish it); streamed, content stops at a
 call's marker (text that may still grow into one is held back) and each call follows as `tool_calls` deltas as soon
 as its text is complete (Hermes style: its </tool_call>; the other families: the end of the answer)."""
 
@@ -159,6 +160,12 @@ async def complete(engine, req: PreparedRequest) -> dict:
     }
 
 
+def _with_calls(reason: str) -> str:
+    """The finish reason of an answer with tool calls: "tool_calls" where the model ended it, "length" where max_tokens
+    or the context cut it (its last call may be cut short too; the ones before it come back all the same)."""
+    return "tool_calls" if reason == "stop" else reason
+
+
 def _choice(req: PreparedRequest, c) -> dict:
     message = {"role": "assistant", "content": c.text}
     reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason)
@@ -168,7 +175,7 @@ def _choice(req: PreparedRequest, c) -> dict:
         if calls:
             message = {"role": "assistant", "content": content,
                        "tool_calls": req.tools.openai_calls(calls)}  # fmt: skip
-            reason = "tool_calls"
+            reason = _with_calls(reason)
     logprobs = None
     if req.top_logprobs is not None:
         logprobs = chat_logprobs(req.texts, c.token_ids, c.logprobs or [], req.top_logprobs)
@@ -273,7 +280,7 @@ class _StreamState:
             return text[sent:], [], reason
         rest = (content or "")[sent:] if (content or "").startswith(text[:sent]) else ""
         deltas = fmt.openai_calls(calls, sent_calls, indexed=True)
-        return rest, deltas, "tool_calls"
+        return rest, deltas, _with_calls(reason)
 
     def _logprobs(self, c) -> dict:
         sent = self.sent_tokens.get(c.index, 0)

@@ -101,7 +101,7 @@ def build_extra_router(config: ServerConfig, engine, model_name: str, metrics: M
 
     @router.post("/detokenize")
     async def detokenize_route(body: DetokenizeRequest) -> dict:
-        return detokenize(body, engine, model_name)
+        return await detokenize(body, engine, model_name)
 
     @router.get("/metrics")
     async def metrics_route() -> Response:

@@ -1,4 +1,8 @@
-"""POST /tokenize and /detokenize (as vLLM serves them): the model's own tokenizer and chat template."""
+"""POST /tokenize and /detokenize (as vLLM serves them): the model's own tokenizer and chat template.
+
+Bounded as a chat request is: text too long to fit the context is refused by its length before it is tokenized
+(the engine's character bound), and neither route answers with more tokens than the context holds (vLLM answers a
+longer prompt's whole token list; here the 400 says how many tokens it has)."""
 
 from __future__ import annotations
 
@@ -17,9 +21,8 @@ def _check_model(model: str | None, model_name: str) -> None:
 
 async def tokenize(body: TokenizeRequest, config: ServerConfig, engine, model_name: str) -> dict:
     _check_model(body.model, model_name)
-    tokenizer = engine.tokenizer
     if body.prompt is not None:
-        ids = await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+        ids = await engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
         messages = []
         for m in body.messages:
@@ -36,14 +39,22 @@ async def tokenize(body: TokenizeRequest, config: ServerConfig, engine, model_na
         if body.tools:
             options["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         ids = await engine.tokenize(messages, options or None)
-    ids = list(ids)
-    return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
+    ids, max_len = list(ids), engine.max_model_len
+    if len(ids) > max_len:
+        raise AppError(f"the prompt is {len(ids)} tokens long, over the model's context of {max_len} tokens",
+                       param="messages" if body.prompt is None else "prompt",
+                       code="context_length_exceeded")  # fmt: skip
+    return {"count": len(ids), "max_model_len": max_len, "tokens": ids}
 
 
-def detokenize(body: DetokenizeRequest, engine, model_name: str) -> dict:
+async def detokenize(body: DetokenizeRequest, engine, model_name: str) -> dict:
     _check_model(body.model, model_name)
+    max_len = engine.max_model_len
+    if len(body.tokens) > max_len:
+        raise AppError(f"{len(body.tokens)} tokens sent; at most {max_len} (the model's context) are detokenized",
+                       param="tokens")  # fmt: skip
     vocab = len(engine.tokenizer)
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise AppError(f"token ids must lie in [0, {vocab}); got {bad[:5]}", param="tokens")
-    return {"prompt": engine.tokenizer.decode(body.tokens)}
+    return {"prompt": await asyncio.to_thread(engine.tokenizer.decode, body.tokens)}

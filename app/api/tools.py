@@ -231,7 +231,7 @@ def template_message(message: dict) -> dict:
         fn = dict(c["function"])
         try:
             fn["arguments"] = json.loads(fn["arguments"])
-        except (json.JSONDecodeError, TypeError):
+        except (json.JSONDecodeError, TypeError, RecursionError):  # not JSON (or nested past the parser): as given
             pass
         out.append({**c, "function": fn})
     return {**message, "tool_calls": out}

@@ -174,9 +174,13 @@ class AsyncEngine:
             if not finished:
                 await asyncio.shield(self._call(self.engine.abort, request_id))
 
-    async def tokenize(self, prompt, mm_options: dict | None = None) -> list[int]:
-        """The token ids `generate` would feed the model for `prompt` (chat template and processor applied)."""
+    async def tokenize(self, prompt, mm_options: dict | None = None, add_special_tokens: bool = True) -> list[int]:
+        """The token ids `generate` would feed the model for `prompt` (chat template and processor applied);
+        `add_special_tokens=False`: a text prompt without the tokenizer's BOS and the like. Text too long to fit the
+        context is refused (TextTooLongError) before it is tokenized, as in `generate`."""
         loop = asyncio.get_running_loop()
+        if isinstance(prompt, str):
+            return await loop.run_in_executor(None, self.engine.encode_text, prompt, add_special_tokens)
         mm_prompt = await loop.run_in_executor(None, self.engine.normalize_prompt, prompt, mm_options)
         return list(mm_prompt.token_ids)
 

@@ -22,7 +22,7 @@ from vlchat.llm.engine.request import Request
 from vlchat.llm.engine.scheduler import Scheduler
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.errors import InvalidRequestError, PromptTooLongError, RequestFailedError, WorkerDiedError
-from vlchat.llm.inputs import MultiModalPrompt, max_prompt_chars, normalize_prompt
+from vlchat.llm.inputs import MultiModalPrompt, encode_text, max_prompt_chars, normalize_prompt
 from vlchat.llm.outputs import EngineStats, RequestOutput
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.tokenizer import load_tokenizer, stop_token_ids
@@ -124,6 +124,10 @@ class LLMEngine:
         """Tokenize / run the processor (thread-safe: AsyncEngine calls it off the engine thread)."""
         return normalize_prompt(prompt, self.tokenizer, self.model_cls, self._processor(), mm_options,
                                 self.max_prompt_chars, self.max_model_len)  # fmt: skip
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of plain text, refused untokenized when it is too long to fit (thread-safe, as above)."""
+        return encode_text(self.tokenizer, text, self.max_prompt_chars, self.max_model_len, add_special_tokens)
 
     def add_request(
         self, request_id: str, prompt, params: SamplingParams | None = None, mm_options=None, stream: bool = True
