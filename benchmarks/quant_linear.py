@@ -85,6 +85,8 @@ def sweep_configs(group: int) -> list:
 
 def sweep(x, quant, group: int, n: int, k: int) -> tuple[float, str]:
     """(us, description) of the fastest GEMV tile and split count for x's rows."""
+    from triton.runtime.errors import OutOfResources
+
     from vlchat.kernels.device import get_device_info
     from vlchat.kernels.ops.quant_linear import arch_configs, split_count, w4a16_triton
 
@@ -94,7 +96,11 @@ def sweep(x, quant, group: int, n: int, k: int) -> tuple[float, str]:
         rule = split_count(n, k, cfg, device.sm_count, arch_configs(device).waves)
         for splits in sorted({max(1, rule // 2), rule, 2 * rule}):
             calls = [lambda q=q, c=cfg, s=splits: w4a16_triton(x, *q, None, group, config=c, splits=s) for q in quant]
-            times[f"{cfg.block_n}x{cfg.block_k}/{cfg.num_stages}st/{splits}sp"] = graph_time_us(calls)
+            try:
+                times[f"{cfg.block_n}x{cfg.block_k}/{cfg.num_stages}st/{splits}sp"] = graph_time_us(calls)
+            except OutOfResources:  # a tile whose stages exceed this GPU's shared memory is not a candidate
+                torch.cuda.synchronize()
+                break
     best = min(times, key=times.get)
     return times[best], best
 

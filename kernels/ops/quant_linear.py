@@ -116,12 +116,16 @@ def _w4a16_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
+        # each int32 word read once ([BK // 8, BN]) and unpacked in registers into its 8 rows: row 8 * i + j is
+        # nibble j of word i, so [BK // 8, 8, BN] reshaped row-major is [BK, BN] in K order
+        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         packed = tl.load(
-            qw_ptr + (offs_k // 8).to(tl.int64)[:, None] * N + offs_n[None, :],
-            mask=k_mask[:, None] & n_mask[None, :],
+            qw_ptr + offs_w.to(tl.int64)[:, None] * N + offs_n[None, :],
+            mask=(offs_w < tl.cdiv(k_end, 8))[:, None] & n_mask[None, :],
             other=0,
-        )  # [BK, BN] int32, each word read for its 8 rows
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF  # [BK, BN]
+        )  # [BK // 8, BN] int32
+        shifts = tl.arange(0, 8) * 4
+        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))  # [BK, BN]
         if HAS_GIDX:  # each row its own group: gather the scales (and zeros) per row
             g = tl.load(g_ptr + offs_k, mask=k_mask, other=0)
             sz_offs = g.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK, BN]
