@@ -18,6 +18,7 @@ from vlchat.kernels.ops.fp8_linear import (
     fp8_reference,
     fp8_scaled_mm,
     quantize_rows,
+    quantize_rows_triton,
     quantize_weight,
 )
 
@@ -32,6 +33,25 @@ def test_rows_are_scaled_to_the_fp8_range():
     assert scale[1, 0] == 1.0  # a zero row keeps a finite scale
     back = q.float() * scale
     assert torch.allclose(back, x, rtol=2**-3, atol=0)  # e4m3 keeps 3 mantissa bits
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("rows, k", [(1, 64), (5, 3000), (3, 4096)], ids=str)
+def test_one_launch_row_quantization_equals_the_torch_expression(dtype, rows, k):
+    """The Triton row quantization (one launch; several K blocks when k > 2048, a zero row) is bitwise quantize_rows."""
+    torch.manual_seed(k)
+    x = (torch.randn(rows, k) * torch.logspace(-3, 2, rows)[:, None]).to(dtype).to(DEV)
+    x[rows // 2] = 0
+    q, scale = quantize_rows_triton(x)
+    ref_q, ref_scale = quantize_rows(x)
+    assert torch.equal(scale, ref_scale)
+    if ON_GPU:
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    else:  # Triton's interpreter rounds ties away from zero and drops a rounded-up mantissa's carry into the
+        # exponent, and flushes subnormals, when it converts to fp8: one e4m3 step or a halved value off the GPU
+        got, want = q.float(), ref_q.float()
+        assert torch.all(((got - want).abs() <= want.abs() / 8 + 2**-9) | (2 * got == want))  # 2**-9: a subnormal
+        assert (got == want).float().mean() > 0.9
 
 
 @pytest.mark.parametrize("rows, n, k", [(1, 16, 32), (7, 48, 64), (33, 32, 128)], ids=str)
