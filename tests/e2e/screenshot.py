@@ -1,9 +1,10 @@
-"""Regenerate docs/screenshot-ui.png: the demo model answering a question about an example image.
+"""Regenerate docs/screenshot-ui.png: the demo model describing two images sent in one message.
 
     python -m tests.e2e.screenshot
 
-Not a test: it serves assets/demo-model, clicks the first example in headless chromium, asks a
-follow-up (greedy answers) and saves the page, saved chat in the sidebar, once the answers are complete.
+Not a test: it serves assets/demo-model, sends two images in one message in headless chromium,
+then a follow-up about one of them (greedy answers), and saves the page, saved chat in the sidebar,
+once the answers are complete.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from tests.app.live import demo_choice, start_engine, start_server
 from tests.e2e.conftest import BROWSER_ARGS, CHROMIUM
-from tests.e2e.test_chat_walk import answered, greedy, send
+from tests.e2e.test_chat_walk import ONE, TWO_CIRCLES, answered, greedy, send
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshot-ui.png"
 
@@ -31,9 +32,9 @@ def main(out: Path = OUT) -> None:
             page.goto(server.url)
             page.wait_for_selector("#prompt textarea")
             greedy(page)
-            page.locator("button.example").first.click()
+            send(page, "Describe the images.", [ONE, TWO_CIRCLES])
             answered(page, 1)
-            send(page, "How many shapes are there?")
+            send(page, "How many shapes are in the second image?")
             answered(page, 2)
             time.sleep(0.5)
             page.screenshot(path=str(out))
