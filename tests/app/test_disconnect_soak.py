@@ -17,23 +17,13 @@ import httpx
 import pytest
 
 from tests.app.live import AbortRecorder, demo_choice, start_server, wait_engine_idle
+from tests.reliability.test_soak import body
 
 STREAMS = 20
 HANG_UPS = STREAMS // 5
 MAX_TOKENS = 12
 LONG = 600  # what a client that hangs up asks for
 PROMPTS = ["Hello! Who are you?", "What can you do?", "Tell me a story.", "How many shapes are there?"]
-
-
-def body(prompt: str, max_tokens: int) -> dict:
-    return {
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
 
 
 async def stream(client: httpx.AsyncClient, url: str, payload: dict, hang_up_after: int | None) -> dict:

@@ -41,10 +41,11 @@ PROMPTS = [
 ]
 
 
-def body(prompt: str) -> dict:
+def body(prompt: str, max_tokens: int = MAX_TOKENS) -> dict:
+    """A greedy streamed chat request that runs to max_tokens, usage in its last event."""
     return {
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
