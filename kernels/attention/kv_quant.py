@@ -129,7 +129,13 @@ def fp8_scale(s) -> float:
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
     """x [..., head_dim] -> e4m3 codes: x / scale clamped to +-FP8_MAX, rounded to nearest even."""
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (x.float() / _divisor(scale, x)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def _divisor(value: float, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a float32 tensor on `like`'s device: CUDA torch divides by a Python number as a multiply by its
+    rounded reciprocal, by a device tensor with IEEE division, as the kernels divide."""
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
 
 
 def quantize_int(x: torch.Tensor, fmt: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +144,7 @@ def quantize_int(x: torch.Tensor, fmt: str = "int8") -> tuple[torch.Tensor, torc
     levels = LEVELS[fmt]
     x = x.float()
     lo = x.amin(dim=-1)
-    scale = (x.amax(dim=-1) - lo) / levels
+    scale = (x.amax(dim=-1) - lo) / _divisor(levels, x)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     codes = torch.floor((x - lo[..., None]) / safe[..., None] + 0.5).clamp(0, levels).to(torch.uint8)
     if fmt == "int4":
