@@ -20,8 +20,7 @@ def test_weight_bytes_of_the_llama_shapes():
 def test_markdown_sums_the_layer_and_lists_every_projection():
     rows = [
         {"shape": name, "n": n, "k": k, "rows": count, "fp16_us": 10.0, "w4_us": 4.0, "read_floor_us": 3.0,
-         "quant_mb": 1.0, "rel_err": 1e-3, "fp8_us": 5.0 if count == 1 else None,
-         "best_us": 3.5 if count == 1 else None, "best_config": "64x128/4st/9sp" if count == 1 else None}
+         "quant_mb": 1.0, "rel_err": 1e-3, "fp8_us": 5.0 if count == 1 else None}
         for name, (n, k) in SHAPES.items() for count in (1, 128)
     ]  # fmt: skip
     assert layer_rows(rows) == [
@@ -36,4 +35,4 @@ def test_markdown_sums_the_layer_and_lists_every_projection():
     memory = table_at(lines, "| model |", len(MODELS))
     assert lines[memory].count("|") == len(FORMATS) + 2 and lines[memory + 2].startswith("| 7B | 13.48 GB |")
     per = table_at(lines, "| W |", len(rows))
-    assert "| 3.50 (64x128/4st/9sp) | 5.00 |" in lines[per + 2] and "| - | - |" in lines[per + 3]
+    assert "| 0.75 | 5.00 |" in lines[per + 2] and "| 0.75 | - |" in lines[per + 3]
