@@ -45,6 +45,7 @@ OP = "ops.w4a16_linear"
 GEMV_MAX_ROWS = 16  # rows per call that take the split-k GEMV; more take the tiled GEMM
 PACK = 8  # 4-bit codes per int32
 GROUP_SIZES = (32, 64, 128)
+REDUCE_VALUES = 8192  # partial sums the reducing program loads at once ([slices, BLOCK_M, BLOCK_N])
 COUNTER_TILES = 4096  # column tiles the kept split counters cover; a wider product takes fresh zeros per call
 # per activation dtype, the bits of the float whose last mantissa bit weighs 1 (1024, 128, 2^23): a code OR'd in
 MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300, torch.float32: 0x4B000000}
@@ -176,7 +177,7 @@ def _w4a16_gemv_kernel(
     M, N, K, stride_xm, stride_om, k_per_split,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GIDX: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-    SPLIT: tl.constexpr, PDL: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part: [splits, M, N] fp32;
     # count: [column tiles] int32, zero between calls. Program (pid_n, pid_s): BLOCK_N columns over K slice pid_s.
@@ -249,8 +250,12 @@ def _w4a16_gemv_kernel(
         tl.debug_barrier()  # every thread's partial stored before the counter says so (acq_rel, GPU scope)
         if tl.atomic_add(count_ptr + pid_n, 1) == splits - 1:  # the tile's last slice to end: reduce
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, splits):
-                acc += tl.load(parts + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            for s0 in range(0, splits, CHUNK):  # CHUNK slices' loads in flight at once, not one after the other
+                offs_s = s0 + tl.arange(0, CHUNK)
+                slices = tl.load(parts[None, :, :] + (offs_s * M * N)[:, None, None],
+                                 mask=(offs_s < splits)[:, None, None] & mask[None, :, :], other=0.0,
+                                 cache_modifier=".cg")  # [CHUNK, BM, BN]  # fmt: skip
+                acc += tl.sum(slices, axis=0)
             if HAS_BIAS:
                 acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -332,6 +337,8 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
     splits = triton.cdiv(k, k_per_split)  # no empty slice
     tiles = triton.cdiv(n, cfg.block_n)
     dot = cfg.dot
+    block_m = 16 if dot else triton.next_power_of_2(m)
+    chunk = min(triton.next_power_of_2(splits), max(1, REDUCE_VALUES // (block_m * cfg.block_n)))
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = split_counters(x.device, tiles) if splits > 1 else qweight
@@ -340,8 +347,8 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
         x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
         bias if bias is not None else scales, out, part, counters, m, n, k, x.stride(0), out.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=16 if dot else triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=dot,
-        MAGIC=MAGIC[x.dtype], SPLIT=splits > 1, PDL=pdl, num_warps=cfg.num_warps, **pdl_options(pdl),
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=dot,
+        MAGIC=MAGIC[x.dtype], SPLIT=splits > 1, CHUNK=chunk, PDL=pdl, num_warps=cfg.num_warps, **pdl_options(pdl),
     )  # fmt: skip
     return out
 
