@@ -75,13 +75,14 @@ def _random_w4(n: int, k: int, group: int):
     return qweight, scales, zeros
 
 
-# GEMV candidates per product: (block_n, block_k, num_warps); the sweep times each at waves 2, 4 and 8
+# GEMV candidates per product: (block_n, block_k, num_warps); the sweep times each at WAVES
 GEMV_CANDIDATES = {
     "fma": ((128, 64, 4), (256, 64, 8), (128, 128, 4), (256, 64, 4), (512, 64, 8), (128, 64, 2), (256, 128, 4),
             (64, 128, 1)),
     "dot": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4), (256, 64, 4), (256, 128, 8)),
+    "tf32": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4)),
 }  # fmt: skip
-WAVES = (2, 4, 8)
+WAVES = (4, 8, 16)
 SWEEP_ROWS = (1, 2, 4, 8, 16)
 FMA_VALUES = 256  # products a thread holds per step (rows x its codes) beyond which CUDA-core tiles spill
 
@@ -91,19 +92,21 @@ def sweep_configs(group: int, rows: int, ranked: dict | None = None) -> list:
     two fastest of each product at one row (`ranked`: product -> tiles, fastest first) that fit FMA_VALUES."""
     from vlchat.kernels.ops.quant_linear import W4GemvConfig
 
-    products = ("fma", "dot") if rows <= 4 else ("dot",)
+    products = ("fma", "dot", "tf32") if rows <= 4 else ("dot", "tf32")
     configs = []
     for product in products:
         tiles = GEMV_CANDIDATES[product] if ranked is None or rows == 16 else ranked[product]
         if product == "fma":
             tiles = [(bn, bk, w) for bn, bk, w in tiles if rows * bn * min(bk, group) // (32 * w) <= FMA_VALUES]
         for bn, bk, warps in tiles[: len(tiles) if ranked is None or rows == 16 else 2]:
-            configs += [W4GemvConfig(bn, min(bk, group), warps, waves, product == "dot") for waves in WAVES]
+            configs += [W4GemvConfig(bn, min(bk, group), warps, waves, product != "fma", product == "tf32")
+                        for waves in WAVES]  # fmt: skip
     return list(dict.fromkeys(configs))
 
 
 def config_name(cfg) -> str:
-    return f"{'dot' if cfg.dot else 'fma'} {cfg.block_n}x{cfg.block_k}/{cfg.num_warps}w/{cfg.waves}wv"
+    product = ("tf32" if cfg.tf32 else "dot") if cfg.dot else "fma"
+    return f"{product} {cfg.block_n}x{cfg.block_k}/{cfg.num_warps}w/{cfg.waves}wv"
 
 
 def sweep(x, quant, group: int, configs: list, want) -> dict:
@@ -157,7 +160,7 @@ def run_sweep(group: int) -> dict:
         if rows == 1:
             sums = {c: sum(t for t, _ in v.values()) for (r, c), v in per_shape.items() if r == 1 and len(v) == 4}
             ranked = sorted(sums, key=sums.get)
-            keep = {p: list(dict.fromkeys(_tiles(c) for c in ranked if c.startswith(p))) for p in ("fma", "dot")}
+            keep = {p: list(dict.fromkeys(_tiles(c) for c in ranked if c.startswith(p))) for p in GEMV_CANDIDATES}
         print(f"rows {rows} done", flush=True)
     out = []
     for (rows, cfg_name), shapes in per_shape.items():

@@ -71,6 +71,7 @@ class W4GemvConfig:
     num_warps: int
     waves: int  # programs per SM the split count aims at
     dot: bool  # tl.dot on 16-row tiles (tensor cores), else products and sums on the CUDA cores
+    tf32: bool = False  # with dot and 16-bit x: the fp32 codes of the CUDA-core path in a tf32 dot (exact too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,7 @@ def _w4a16_gemv_kernel(
     M, N, K, stride_xm, stride_om, k_per_split,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GIDX: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-    SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr, TF32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part: [splits, M, N] fp32;
     # count: [column tiles] int32, zero between calls. Program (pid_n, pid_s): BLOCK_N columns over K slice pid_s.
@@ -227,7 +228,7 @@ def _w4a16_gemv_kernel(
                 zq = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
             else:
                 zq = tl.full((BLOCK_N,), 8, tl.int32)
-            if DOT and MAGIC != 0x4B000000:  # 16-bit q - z against 16-bit x: exact products, fp32 sums
+            if DOT and MAGIC != 0x4B000000 and not TF32:  # 16-bit q - z against 16-bit x: exact products
                 # computed transposed ([BN, BK] x [BK, BM]): the dequantized codes are the product's first operand,
                 # which the tensor cores can take from registers, K contiguous in each thread
                 codes = _biased_codes_t(packed, MAGIC, BLOCK_K, BLOCK_N)  # [BN, BK]
@@ -236,8 +237,8 @@ def _w4a16_gemv_kernel(
             else:
                 xs = x.to(tl.float32) * _unscale(BLOCK_K)[None, :]  # [BM, BK]
                 codes = _scaled_codes(packed, _magic(zq, 0x4B000000) - 8388608.0, BLOCK_K, BLOCK_N)  # [BK, BN]
-                if DOT:
-                    part = tl.dot(xs, codes, input_precision="ieee")
+                if DOT:  # x (11 significant bits at most) and q - z (5) are exact in tf32
+                    part = tl.dot(xs, codes, input_precision="ieee" if MAGIC == 0x4B000000 else "tf32")
                 else:
                     part = tl.sum(xs[:, :, None] * codes[None, :, :], axis=1)  # [BM, BN]
             acc += part * s[None, :]
@@ -348,7 +349,7 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
         bias if bias is not None else scales, out, part, counters, m, n, k, x.stride(0), out.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=dot,
-        MAGIC=MAGIC[x.dtype], SPLIT=splits > 1, CHUNK=chunk, PDL=pdl, num_warps=cfg.num_warps, **pdl_options(pdl),
+        MAGIC=MAGIC[x.dtype], SPLIT=splits > 1, CHUNK=chunk, TF32=cfg.tf32, PDL=pdl, num_warps=cfg.num_warps, **pdl_options(pdl),
     )  # fmt: skip
     return out
 

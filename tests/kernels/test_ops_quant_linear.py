@@ -88,17 +88,17 @@ def test_kernel_matches_float64(dtype, rows, group, zeros, g_idx, bias):
 GEMV_ROWS = list(range(1, GEMV_MAX_ROWS + 1))
 
 
-@pytest.mark.parametrize("dot", [False, True], ids=["cuda_cores", "tl_dot"])
+@pytest.mark.parametrize("dot, tf32", [(False, False), (True, False), (True, True)], ids=["cores", "dot", "tf32"])
 @pytest.mark.parametrize("rows", GEMV_ROWS, ids=lambda r: f"rows{r}")
-def test_every_decode_row_count_matches_float64(rows, dot):
-    """The GEMV at 1..16 rows on either product, over every group size, with and without zeros and g_idx, split
+def test_every_decode_row_count_matches_float64(rows, dot, tf32):
+    """The GEMV at 1..16 rows on each product (CUDA cores, 16-bit tl.dot, tf32 tl.dot), over every group size, with and without zeros and g_idx, split
     over K; masked columns (N not a multiple of the tile)."""
     dtype = torch.float16
     group = GROUP_SIZES_CYCLE[rows % 3]
     zeros, g_idx = bool(rows % 2), rows % 4 in (1, 2)
     qweight, scales, z, gi = _weights(K, N, group, zeros, g_idx, dtype, seed=rows)
     x = torch.randn(rows, K, device=DEV).to(dtype)
-    cfg = W4GemvConfig(32, min(32, group), 4, 4, dot)
+    cfg = W4GemvConfig(32, min(32, group), 4, 4, dot, tf32)
     got = w4a16_triton(x, qweight, scales, z, gi, group, config=cfg, splits=3)
     _assert_close(got, _want(x, qweight, scales, z, gi, group), dtype)
 
