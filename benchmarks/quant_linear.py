@@ -24,6 +24,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
@@ -174,16 +175,20 @@ def run_sweep(group: int) -> dict:
 
 def pick_gemv(rows: list[dict]) -> dict:
     """The GEMV entries of a table from a sweep's rows: the CUDA-core config fastest over a layer at one row, the
-    tl.dot config fastest at 16, and dot_rows, the fewest rows (of 1, 2, 4; else 8) at which the best tl.dot config
-    measured beats the best CUDA-core one."""
+    tl.dot config fastest at 16, and dot_rows: the fewest rows (of 1, 2, 4; else 8) at which the best tl.dot config
+    measured beats the best CUDA-core one, and at most the row count whose row slots (a power of two) would hold
+    more than FMA_VALUES products per thread in the CUDA-core tiles (they spill)."""
     best = {}
     for r in rows:
         key = (r["rows"], r["fields"]["dot"])
         if key not in best or r["layer_us"] < best[key]["layer_us"]:
             best[key] = r
     dot_wins = [n for n in (1, 2, 4) if best[n, True]["layer_us"] <= best[n, False]["layer_us"]]
-    dot_rows = dot_wins[0] if dot_wins else 8
-    return {"gemv_cores": best[1, False]["fields"], "gemv_dot": best[16, True]["fields"], "dot_rows": dot_rows}
+    cores = best[1, False]["fields"]
+    values = cores["block_n"] * cores["block_k"] // (32 * cores["num_warps"])  # products per thread and row slot
+    spills = next(n for n in range(1, 18) if n > 16 or triton.next_power_of_2(n) * values > FMA_VALUES)
+    dot_rows = min(dot_wins[0] if dot_wins else 8, spills)
+    return {"gemv_cores": cores, "gemv_dot": best[16, True]["fields"], "dot_rows": dot_rows}
 
 
 def _tiles(name: str) -> tuple[int, int, int]:

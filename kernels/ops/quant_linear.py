@@ -83,18 +83,20 @@ class W4ArchConfigs:
     gemm: W4Config  # M > 64
 
 
-# Per compute capability; docs/PERF.md#w4a16 says which entries were measured. sm_70/75 have no cp.async (one or
-# two stages) and 64-96 KB of shared memory; sm_86/89 have 100 KB per SM, sm_80 164 KB, sm_90 228 KB (deeper
-# pipelines, 128 x 128 GEMM tiles). An unknown newer arch takes the closest older entry; the interpreter sm_80's.
-_CORES = W4GemvConfig(256, 64, 8, 4, False)
-_DOT = W4GemvConfig(128, 128, 4, 4, True)
+# Per compute capability. The GEMV entries are those an H100 (sm_90) measured fastest (docs/PERF.md#w4a16),
+# taken for every arch until each is measured. sm_70/75 have no cp.async (one or two stages) and 64-96 KB of
+# shared memory; sm_86/89 have 100 KB per SM, sm_80 164 KB, sm_90 228 KB (deeper pipelines, 128 x 128 GEMM tiles).
+# An unknown newer arch takes the closest older entry; the interpreter sm_80's.
+_CORES = W4GemvConfig(128, 128, 4, 8, False)
+_DOT = W4GemvConfig(64, 128, 4, 4, True)
+_DOT_ROWS = 3  # two rows measured faster on the CUDA cores, four with tl.dot; 128x128 tiles spill at four row slots
 W4A16_CONFIGS = {
-    (7, 0): W4ArchConfigs(_CORES, _DOT, 4, W4Config(32, 64, 32, 4, 1), W4Config(64, 64, 32, 4, 1)),
-    (7, 5): W4ArchConfigs(_CORES, _DOT, 4, W4Config(32, 64, 32, 4, 2), W4Config(64, 64, 32, 4, 2)),
-    (8, 0): W4ArchConfigs(_CORES, _DOT, 4, W4Config(64, 64, 64, 4, 3), W4Config(128, 128, 64, 8, 3)),
-    (8, 6): W4ArchConfigs(_CORES, _DOT, 4, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
-    (8, 9): W4ArchConfigs(_CORES, _DOT, 4, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
-    (9, 0): W4ArchConfigs(_CORES, _DOT, 4, W4Config(64, 128, 64, 4, 4), W4Config(128, 128, 64, 8, 4)),
+    (7, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 1), W4Config(64, 64, 32, 4, 1)),
+    (7, 5): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 2), W4Config(64, 64, 32, 4, 2)),
+    (8, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 3), W4Config(128, 128, 64, 8, 3)),
+    (8, 6): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
+    (8, 9): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
+    (9, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 128, 64, 4, 4), W4Config(128, 128, 64, 8, 4)),
 }
 
 
