@@ -1,13 +1,14 @@
 """Decode steps per second of a quantized Llama 2 7B against fp16, through the engine (CUDA graphs).
 
-    python -m benchmarks.quant_decode [--out DIR] [--tiny] [--rounds 5]
+    python -m benchmarks.quant_decode [--out DIR] [--tiny] [--formats fp16,w4a16-g128,fp8]
 
 One random-weight Llama 2 7B shape (benchmarks/random_model.py; no checkpoint is written) served as fp16, as a
 GPTQ 4-bit checkpoint (group 128, asymmetric: the W4A16 kernel) and quantized to FP8 at load (W8A8, where the GPU
 has FP8 tensor cores). For each, decode steps per second at batch 1 and 16 with 128-token prompts
 (benchmarks/engine.py's decode_steps_per_s: the engine's own steps, timed after the prefill), each the median of
 --rounds rounds, and the weight-read floor of a step (the format's weight bytes at the copy bandwidth; KV reads
-are left out). Writes quant_decode_<device>.json and .md under --out. `--tiny`: a CPU check with a tiny shape.
+are left out). Writes quant_decode_<device>.json and .md under --out. `--tiny`: a CPU check with a tiny shape;
+`--formats`: a subset of FORMATS (fp16 always runs: the ratios are against it).
 """
 
 from __future__ import annotations
@@ -78,7 +79,12 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    ap_args, tiny, device = tiny_or_gpu_args()
+    ap_args, tiny, device = tiny_or_gpu_args(
+        lambda ap: ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of FORMATS")
+    )
+    wanted = {"fp16", *ap_args.formats.split(",")}
+    if wanted - set(FORMATS):
+        raise SystemExit(f"unknown formats {sorted(wanted - set(FORMATS))}; choose from {list(FORMATS)}")
     fields = dict(SHAPES["llama2-7b"], **(TINY if tiny else {}))
     rounds, steps = (1, 4) if tiny else (5, 64)
     work = tempfile.mkdtemp(prefix="vlchat-quant-decode-")
@@ -88,6 +94,8 @@ def main() -> None:
         "copy_gbs": 1.0 if tiny else _copy_gbs(), "rows": [],
     }  # fmt: skip
     for name, (quant_config, quantization, memory_format) in FORMATS.items():
+        if name not in wanted:
+            continue
         if quantization == "fp8" and not tiny and not fp8_runs():
             print(f"{name}: skipped (no FP8 tensor cores here)")
             continue

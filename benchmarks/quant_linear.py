@@ -9,8 +9,6 @@ of decode steps; 128-4096: the tiled GEMM of prefill), fp16:
 - W4A16 us: kernels/ops/quant_linear.py at its per-arch tiles, group --group with zeros (GPTQ/AWQ asymmetric);
 - read floor us: a kernel that only reads the W4A16 weight's bytes (codes, scales, zeros; gpu_timing.read_floor_us),
   and the fraction of that rate the W4A16 product reaches;
-- best tile us: for decode rows (SWEEP_ROWS), the fastest of a sweep of GEMV tiles, stages and split counts
-  (the per-arch table's candidates), and which;
 - FP8 us: kernels/ops/fp8_linear.py (per-token FP8 activations, torch._scaled_mm) where the GPU has FP8 tensor
   cores (sm_89+), else "-";
 - layer rows: the four projections summed (the weight part of one decoder layer's step).
@@ -22,8 +20,11 @@ Writes quant_linear_<device>.json and .md under --out and prints the table.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
+import triton
 
 from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
@@ -36,7 +37,6 @@ MODELS = {  # hidden, intermediate, layers, vocab (Llama 2, MHA)
 }
 FORMATS = ("fp16", "w4a16-g128", "w4a16-g128-sym", "w4a16-g64", "w4a16-g32", "fp8")
 L2_DEFEAT_BYTES = 400e6
-SWEEP_ROWS = (1, 16)
 
 
 def w4_bytes(n: int, k: int, group: int, zeros: bool = True) -> int:
@@ -76,33 +76,146 @@ def _random_w4(n: int, k: int, group: int):
     return qweight, scales, zeros
 
 
-def sweep_configs(group: int) -> list:
-    from vlchat.kernels.ops.quant_linear import W4Config
+# GEMV candidates per product: (block_n, block_k, num_warps); the sweep times each at WAVES
+GEMV_CANDIDATES = {
+    "fma": ((128, 64, 4), (256, 64, 8), (128, 128, 4), (256, 64, 4), (512, 64, 8), (128, 64, 2), (256, 128, 4),
+            (64, 128, 1)),
+    "dot": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4), (256, 64, 4), (256, 128, 8)),
+    "tf32": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4)),
+}  # fmt: skip
+WAVES = (4, 8, 16)
+SWEEP_ROWS = (1, 2, 4, 8, 16)
+FMA_VALUES = 256  # products a thread holds per step (rows x its codes) beyond which CUDA-core tiles spill
 
-    tiles = [(bn, min(bk, group), stages) for bn in (32, 64, 128) for bk in (64, 128) for stages in (2, 4)]
-    return [W4Config(16, bn, bk, 4, stages) for bn, bk, stages in dict.fromkeys(tiles)]
+
+def sweep_configs(group: int, rows: int, ranked: dict | None = None) -> list:
+    """W4GemvConfigs to time at `rows`: every candidate at 1 and 16 rows (CUDA cores only up to 4 rows), else the
+    two fastest of each product at one row (`ranked`: product -> tiles, fastest first) that fit FMA_VALUES."""
+    from vlchat.kernels.ops.quant_linear import W4GemvConfig
+
+    products = ("fma", "dot", "tf32") if rows <= 4 else ("dot", "tf32")
+    configs = []
+    for product in products:
+        tiles = GEMV_CANDIDATES[product] if ranked is None or rows == 16 else ranked[product]
+        if product == "fma":
+            tiles = [(bn, bk, w) for bn, bk, w in tiles if rows * bn * min(bk, group) // (32 * w) <= FMA_VALUES]
+        for bn, bk, warps in tiles[: len(tiles) if ranked is None or rows == 16 else 2]:
+            configs += [W4GemvConfig(bn, min(bk, group), warps, waves, product != "fma", product == "tf32")
+                        for waves in WAVES]  # fmt: skip
+    return list(dict.fromkeys(configs))
 
 
-def sweep(x, quant, group: int, n: int, k: int) -> tuple[float, str]:
-    """(us, description) of the fastest GEMV tile and split count for x's rows."""
+def config_name(cfg) -> str:
+    product = ("tf32" if cfg.tf32 else "dot") if cfg.dot else "fma"
+    return f"{product} {cfg.block_n}x{cfg.block_k}/{cfg.num_warps}w/{cfg.waves}wv"
+
+
+def sweep(x, quant, group: int, configs: list, want) -> dict:
+    """config name -> (us, relative error) of each GEMV config for x's rows."""
     from triton.runtime.errors import OutOfResources
 
+    from vlchat.kernels.ops.quant_linear import w4a16_triton
+
+    times = {}
+    for cfg in configs:
+        try:
+            got = w4a16_triton(x, *quant[0], None, group, config=cfg)
+            err = ((got.float() - want).abs().max() / want.abs().max()).item()
+            calls = [lambda q=q, c=cfg: w4a16_triton(x, *q, None, group, config=c) for q in quant]
+            times[config_name(cfg)] = (graph_time_us(calls), err)
+        except OutOfResources:  # more registers or shared memory than this GPU has: not a candidate
+            torch.cuda.synchronize()
+    return times
+
+
+def run_sweep(group: int) -> dict:
+    """The GEMV sweep over SWEEP_ROWS and the four projections; each config's layer sum (the four added)."""
     from vlchat.kernels.device import get_device_info
-    from vlchat.kernels.ops.quant_linear import arch_configs, split_count, w4a16_triton
+    from vlchat.kernels.ops.quant_linear import dequantize_w4, launch_config
 
     device = get_device_info()
-    times = {}
-    for cfg in sweep_configs(group):
-        rule = split_count(n, k, cfg, device.sm_count, arch_configs(device).waves)
-        for splits in sorted({max(1, rule // 2), rule, 2 * rule}):
-            calls = [lambda q=q, c=cfg, s=splits: w4a16_triton(x, *q, None, group, config=c, splits=s) for q in quant]
-            try:
-                times[f"{cfg.block_n}x{cfg.block_k}/{cfg.num_stages}st/{splits}sp"] = graph_time_us(calls)
-            except OutOfResources:  # a tile whose stages exceed this GPU's shared memory is not a candidate
-                torch.cuda.synchronize()
-                break
-    best = min(times, key=times.get)
-    return times[best], best
+    per_shape = {}  # (rows, config) -> {shape: (us, err)}
+    floors = {}
+    keep = None
+    table = {}
+    named = {}
+    for rows in SWEEP_ROWS:
+        for name, (n, k) in SHAPES.items():
+            quant_bytes = w4_bytes(n, k, group)
+            sets = max(2, int(L2_DEFEAT_BYTES // quant_bytes))
+            torch.manual_seed(rows)
+            quant = [_random_w4(n, k, group) for _ in range(sets)]
+            if rows == 1:
+                floors[name] = read_floor_us(quant_bytes // 2, sets, pdl=False)
+            x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+            want = F.linear(x.float(), dequantize_w4(*quant[0], None, group, torch.float16).float())
+            configs = sweep_configs(group, rows, keep)
+            rule = launch_config(rows, group, False, device)
+            configs = list(dict.fromkeys([rule, *configs]))
+            table[rows] = config_name(rule)
+            named.update({config_name(c): c for c in configs})
+            for cfg_name, value in sweep(x, quant, group, configs, want).items():
+                per_shape.setdefault((rows, cfg_name), {})[name] = value
+            del quant
+            torch.cuda.empty_cache()
+        if rows == 1:
+            sums = {c: sum(t for t, _ in v.values()) for (r, c), v in per_shape.items() if r == 1 and len(v) == 4}
+            ranked = sorted(sums, key=sums.get)
+            keep = {p: list(dict.fromkeys(_tiles(c) for c in ranked if c.startswith(p))) for p in GEMV_CANDIDATES}
+        print(f"rows {rows} done", flush=True)
+    out = []
+    for (rows, cfg_name), shapes in per_shape.items():
+        if len(shapes) == len(SHAPES):
+            out.append({"rows": rows, "config": cfg_name, "table": cfg_name == table[rows],
+                        "fields": dataclasses.asdict(named[cfg_name]),
+                        "layer_us": sum(t for t, _ in shapes.values()), "max_err": max(e for _, e in shapes.values()),
+                        "us": {s: t for s, (t, _) in shapes.items()}})  # fmt: skip
+    return {"floor_us": floors, "layer_floor_us": sum(floors.values()), "rows": out}
+
+
+def pick_gemv(rows: list[dict]) -> dict:
+    """The GEMV entries of a table from a sweep's rows: the CUDA-core config fastest over a layer at one row, the
+    tl.dot config fastest at 16, and dot_rows: the fewest rows (of 1, 2, 4; else 8) at which the best tl.dot config
+    measured beats the best CUDA-core one, and at most the row count whose row slots (a power of two) would hold
+    more than FMA_VALUES products per thread in the CUDA-core tiles (they spill)."""
+    best = {}
+    for r in rows:
+        key = (r["rows"], r["fields"]["dot"])
+        if key not in best or r["layer_us"] < best[key]["layer_us"]:
+            best[key] = r
+    dot_wins = [n for n in (1, 2, 4) if best[n, True]["layer_us"] <= best[n, False]["layer_us"]]
+    cores = best[1, False]["fields"]
+    values = cores["block_n"] * cores["block_k"] // (32 * cores["num_warps"])  # products per thread and row slot
+    spills = next(n for n in range(1, 18) if n > 16 or triton.next_power_of_2(n) * values > FMA_VALUES)
+    dot_rows = min(dot_wins[0] if dot_wins else 8, spills)
+    return {"gemv_cores": cores, "gemv_dot": best[16, True]["fields"], "dot_rows": dot_rows}
+
+
+def _tiles(name: str) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps) back from config_name."""
+    tiles, warps = name.split()[1].split("/")[:2]
+    bn, bk = tiles.split("x")
+    return int(bn), int(bk), int(warps.rstrip("w"))
+
+
+def sweep_markdown(res: dict) -> str:
+    lines = [
+        f"# W4A16 GEMV sweep (Llama 2 7B layer, decode rows) on {res['device']}", "",
+        f"{versions_line(res)}; fp16, group {res['group']} with zeros; each config's four projections summed "
+        f"(CUDA-graph replays, L2 defeated; benchmarks/quant_linear.py --sweep). Layer read floor "
+        f"{res['layer_floor_us']:.1f} us. `table` marks the per-arch table's choice; the five fastest per row count.",
+        "", "| rows | config | layer us | of floor rate | q/k/v | o | gate/up | down | max rel err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for rows in SWEEP_ROWS:
+        mine = sorted((r for r in res["rows"] if r["rows"] == rows), key=lambda r: r["layer_us"])
+        shown = mine[:5] + [r for r in mine[5:] if r["table"]]
+        for r in shown:
+            us = " | ".join(f"{r['us'][s]:.2f}" for s in SHAPES)
+            mark = " (table)" if r["table"] else ""
+            lines.append(f"| {rows} | {r['config']}{mark} | {r['layer_us']:.1f} | "
+                         f"{res['layer_floor_us'] / r['layer_us']:.2f} | {us} | {r['max_err']:.1e} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _fp8_sets(n: int, k: int):
@@ -135,9 +248,8 @@ def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
         fp16_us = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in dense])
         w4_us = graph_time_us([lambda q=q, x=x: w4a16_triton(x, *q, None, group) for q in quant])
         fp8_us = graph_time_us([lambda w=w, x=x: fp8_scaled_mm(x, *w) for w in fp8]) if fp8 else None
-        best_us, best = sweep(x, quant, group, n, k) if rows in SWEEP_ROWS else (None, None)
         row = {"shape": name, "n": n, "k": k, "rows": rows, "fp16_us": fp16_us, "w4_us": w4_us,
-               "best_us": best_us, "best_config": best, "fp8_us": fp8_us,
+               "fp8_us": fp8_us,
                "read_floor_us": floor, "quant_mb": quant_bytes / 2**20, "rel_err": err}  # fmt: skip
         rows_out.append(row)
         print(f"{name} rows {rows}: fp16 {fp16_us:.2f} us, W4A16 {w4_us:.2f} us, floor {floor:.2f} us", flush=True)
@@ -185,13 +297,12 @@ def markdown(res: dict) -> str:
         lines.append(f"| {model} | " + " | ".join(f"{gb:.2f} GB" for gb in cells) + " |")
     lines += ["", "## Per projection", "",
               "| W | rows | MB (W4A16) | fp16 us | W4A16 us | W4A16 vs fp16 | read floor us | of floor rate "
-              "| best tile us | FP8 us | rel err |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| FP8 us | rel err |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in res["rows"]:
-        best = f"{r['best_us']:.2f} ({r['best_config']})" if r.get("best_us") else "-"
         lines.append(
             f"| {r['shape']} ({r['n']}x{r['k']}) | {r['rows']} | {r['quant_mb']:.1f} | {r['fp16_us']:.2f} | "
             f"{r['w4_us']:.2f} | {r['fp16_us'] / r['w4_us']:.2f}x | {r['read_floor_us']:.2f} | "
-            f"{r['read_floor_us'] / r['w4_us']:.2f} | {best} | {_us(r.get('fp8_us'), 2)} | {r['rel_err']:.1e} |"
+            f"{r['read_floor_us'] / r['w4_us']:.2f} | {_us(r.get('fp8_us'), 2)} | {r['rel_err']:.1e} |"
         )  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -201,8 +312,14 @@ def main() -> None:
 
     parser = results_parser(__doc__)
     parser.add_argument("--group", type=int, default=128, choices=(32, 64, 128))
+    parser.add_argument("--sweep", action="store_true", help="only the GEMV sweep of decode rows")
     args = parser.parse_args()
     device = get_device_info()
+    if args.sweep:
+        res = {**device_header(device), "group": args.group, **run_sweep(args.group)}
+        save_results(result_stem(args.out, "quant_linear_sweep", device.name), res, sweep_markdown)
+        print(sweep_markdown(res))
+        return
     res = {**device_header(device), "group": args.group, "memory": memory_table(), "rows": []}
     for name, (n, k) in SHAPES.items():
         res["rows"] += bench_shape(name, n, k, args.group)

@@ -153,29 +153,36 @@ def block_values(bp, e, QTYPE: tl.constexpr):
     return w
 
 
+TILE_ELEMS = 256  # elements per program of the dequantizing kernel: one K-quant block, eight 32-element blocks
+
+
 @triton.jit
 def _gguf_dequant_kernel(blocks_ptr, out_ptr, blocks_per_row, row_stride, out_stride,
-                         QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr):  # fmt: skip
-    # one program: block `blk` of row `row` -> out[row, blk * ELEMS : (blk + 1) * ELEMS]
+                         QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+    # one program: blocks blk0 .. blk0 + TILE - 1 of row `row` -> out[row, blk0 * ELEMS : (blk0 + TILE) * ELEMS]
     row = tl.program_id(0)
-    blk = tl.program_id(1)
-    bp = blocks_ptr + row.to(tl.int64) * row_stride + blk * NBYTES
-    e = tl.arange(0, ELEMS)
-    w = block_values(bp, e, QTYPE)
-    dst = out_ptr + row.to(tl.int64) * out_stride + blk * ELEMS + e
-    tl.store(dst, w.to(out_ptr.dtype.element_ty))
+    blk = tl.program_id(1) * TILE + tl.arange(0, TILE)  # [TILE]
+    mask = (blk < blocks_per_row)[:, None]
+    bp = blocks_ptr + row.to(tl.int64) * row_stride + tl.where(blk < blocks_per_row, blk, 0)[:, None] * NBYTES
+    e = tl.arange(0, ELEMS)[None, :]
+    w = block_values(bp, e, QTYPE)  # [TILE, ELEMS]
+    dst = out_ptr + row.to(tl.int64) * out_stride + blk[:, None] * ELEMS + e
+    tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def dequantize_triton(blocks: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """TILE_ELEMS elements per program: a program per 32-element block (Q8_0, Q5_0) would make eight times the
+    programs of the K-quants for the same bytes, each too small to keep its loads in flight."""
     elems, nbytes = BLOCKS[qtype]
     rows = blocks.shape[0]
     out = torch.empty((rows, cols), dtype=dtype, device=blocks.device)
     if rows == 0:
         return out
     blocks = blocks if blocks.stride(-1) == 1 else blocks.contiguous()
-    launch_compiled(_gguf_dequant_kernel, (rows, cols // elems),
+    tile = max(1, TILE_ELEMS // elems)
+    launch_compiled(_gguf_dequant_kernel, (rows, triton.cdiv(cols // elems, tile)),
                     blocks, out, cols // elems, blocks.stride(0), out.stride(0),
-                    QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, num_warps=1 if elems == 32 else 2)  # fmt: skip
+                    QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, TILE=tile, num_warps=2)  # fmt: skip
     return out
 
 

@@ -1,5 +1,5 @@
 """y = x W^T (+ b) with W stored as 4-bit integers in groups along K (W4A16): the weight is dequantized inside the
-GEMM, never written out in 16 bits.
+product, never written out in 16 bits.
 
 Storage (the one layout every 4-bit checkpoint format is converted to at load, llm/quantization.py):
 - qweight: [K // 8, N] int32; nibble j (bits 4j..4j+3) of qweight[r, n] is the unsigned code q of W[n, 8r + j]
@@ -8,14 +8,20 @@ Storage (the one layout every 4-bit checkpoint format is converted to at load, l
 - g_idx:   [K] int32, the group of each input row (GPTQ act-order), or None: row k is in group k // group
 W[n, k] = (q[k, n] - zeros[g, n]) * scales[g, n] with g = g_idx[k] (or k // group).
 
-Two launch shapes of one kernel, chosen by the number of rows M:
-- M <= GEMV_MAX_ROWS (decode): a split-k GEMV. Each program takes BLOCK_N output columns and one slice of K; the
-  slices' fp32 partial sums are added after the kernel. Splitting K gives a decode step's small N enough programs
-  to keep every SM reading weights (the step's time is the weight read).
-- More rows (prefill, large batches): a tiled GEMM, one program per [BLOCK_M, BLOCK_N] tile over all of K.
-Both dequantize a [BLOCK_K, BLOCK_N] tile of codes in registers (shift, mask, subtract the zero, multiply by the
-scale in fp32, round once to the activation dtype) and feed it to tl.dot with an fp32 accumulator. Without g_idx a
-K step never crosses a group (BLOCK_K <= group), so one row of scales and zeros serves the whole tile.
+Two kernels, chosen by the number of rows M:
+- M <= GEMV_MAX_ROWS (decode): `_w4a16_gemv_kernel`, a split-k GEMV. Each program takes BLOCK_N output columns and
+  one slice of K, sized so that the programs fill every SM (a decode step's time is the weight read). One or a few
+  rows multiply on the CUDA cores (no padding to tl.dot's 16 rows); more take tl.dot with 16-row tiles
+  (`dot_rows`). Without g_idx a K step lies in one group, so the codes enter the product as exact integers q - z
+  and the group's scale multiplies the step's sums, once per column. The slices' fp32 partials meet in a
+  workspace; the last program of a column tile to finish (a counter per tile) adds them, adds the bias and writes
+  the output, then sets its counter back to zero: one launch per product. With programmatic dependent launch
+  (sm_90) a program loads its first codes before waiting for the kernel before it.
+- More rows (prefill, large batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
+  the weight tile dequantized to the activation dtype and fed to tl.dot.
+Codes become floats without conversion instructions (a GPU converts integers to floats at a fraction of its
+arithmetic rate): a code OR'd into the mantissa of a float whose last mantissa bit weighs 1 (2^23 for fp32, 1024
+for fp16, 128 for bf16) is that float plus the code, and subtracting (that float + zero) leaves q - z exactly.
 
 Launch tiles come from a per-arch table (`W4A16_CONFIGS`). The reference (`w4a16_reference`) dequantizes the whole
 weight to the activation dtype and calls F.linear: the ground truth for the tests and the CPU path.
@@ -23,7 +29,7 @@ weight to the activation dtype and calls F.linear: the ground truth for the test
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +37,7 @@ import triton
 import triton.language as tl
 
 from vlchat.kernels import dispatch
+from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from vlchat.kernels.device import DeviceInfo, device_for
 from vlchat.kernels.launch import launch_compiled
 
@@ -38,10 +45,16 @@ OP = "ops.w4a16_linear"
 GEMV_MAX_ROWS = 16  # rows per call that take the split-k GEMV; more take the tiled GEMM
 PACK = 8  # 4-bit codes per int32
 GROUP_SIZES = (32, 64, 128)
+REDUCE_VALUES = 8192  # partial sums the reducing program loads at once ([slices, BLOCK_M, BLOCK_N])
+COUNTER_TILES = 4096  # column tiles the kept split counters cover; a wider product takes fresh zeros per call
+# per activation dtype, the bits of the float whose last mantissa bit weighs 1 (1024, 128, 2^23): a code OR'd in
+MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300, torch.float32: 0x4B000000}
 
 
 @dataclass(frozen=True, slots=True)
 class W4Config:
+    """The GEMM's tiles (M > GEMV_MAX_ROWS)."""
+
     block_m: int
     block_n: int
     block_k: int  # capped at the group size (a K step stays in one group)
@@ -50,23 +63,40 @@ class W4Config:
 
 
 @dataclass(frozen=True, slots=True)
+class W4GemvConfig:
+    """The split-k GEMV's tiles (M <= GEMV_MAX_ROWS)."""
+
+    block_n: int  # output columns per program: block_n int32 words of each packed row, loaded 16 bytes a thread
+    block_k: int  # K per loop step, capped at the group size (a step stays in one group)
+    num_warps: int
+    waves: int  # programs per SM the split count aims at
+    dot: bool  # tl.dot on 16-row tiles (tensor cores), else products and sums on the CUDA cores
+    tf32: bool = False  # with dot and 16-bit x: the fp32 codes of the CUDA-core path in a tf32 dot (exact too)
+
+
+@dataclass(frozen=True, slots=True)
 class W4ArchConfigs:
-    gemv: W4Config  # M <= GEMV_MAX_ROWS; block_m 16 (tl.dot's smallest M)
+    gemv_cores: W4GemvConfig  # M < dot_rows: CUDA-core products
+    gemv_dot: W4GemvConfig  # dot_rows <= M <= GEMV_MAX_ROWS: tl.dot
+    dot_rows: int
     gemm_small: W4Config  # GEMV_MAX_ROWS < M <= 64
     gemm: W4Config  # M > 64
-    waves: int  # GEMV programs per SM the split count aims at
 
 
-# Per compute capability. sm_70/75 have no cp.async (one or two stages) and 64-96 KB of shared memory; sm_86/89
-# have 100 KB per SM, sm_80 164 KB, sm_90 228 KB (deeper pipelines, 128 x 128 GEMM tiles). An unknown newer arch
-# takes the closest older entry; the interpreter takes sm_80's.
+# Per compute capability. The GEMV entries are those an H100 (sm_90) measured fastest (docs/PERF.md#w4a16),
+# taken for every arch until each is measured. sm_70/75 have no cp.async (one or two stages) and 64-96 KB of
+# shared memory; sm_86/89 have 100 KB per SM, sm_80 164 KB, sm_90 228 KB (deeper pipelines, 128 x 128 GEMM tiles).
+# An unknown newer arch takes the closest older entry; the interpreter sm_80's.
+_CORES = W4GemvConfig(128, 128, 4, 8, False)
+_DOT = W4GemvConfig(64, 128, 4, 4, True)
+_DOT_ROWS = 3  # two rows measured faster on the CUDA cores, four with tl.dot; 128x128 tiles spill at four row slots
 W4A16_CONFIGS = {
-    (7, 0): W4ArchConfigs(W4Config(16, 64, 64, 4, 1), W4Config(32, 64, 32, 4, 1), W4Config(64, 64, 32, 4, 1), 4),
-    (7, 5): W4ArchConfigs(W4Config(16, 64, 64, 4, 2), W4Config(32, 64, 32, 4, 2), W4Config(64, 64, 32, 4, 2), 4),
-    (8, 0): W4ArchConfigs(W4Config(16, 64, 128, 4, 4), W4Config(64, 64, 64, 4, 3), W4Config(128, 128, 64, 8, 3), 4),
-    (8, 6): W4ArchConfigs(W4Config(16, 64, 128, 4, 3), W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2), 4),
-    (8, 9): W4ArchConfigs(W4Config(16, 64, 128, 4, 3), W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2), 4),
-    (9, 0): W4ArchConfigs(W4Config(16, 64, 128, 4, 4), W4Config(64, 128, 64, 4, 4), W4Config(128, 128, 64, 8, 4), 4),
+    (7, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 1), W4Config(64, 64, 32, 4, 1)),
+    (7, 5): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 2), W4Config(64, 64, 32, 4, 2)),
+    (8, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 3), W4Config(128, 128, 64, 8, 3)),
+    (8, 6): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
+    (8, 9): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
+    (9, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 128, 64, 4, 4), W4Config(128, 128, 64, 8, 4)),
 }
 
 
@@ -76,56 +106,192 @@ def arch_configs(device: DeviceInfo) -> W4ArchConfigs:
     return W4A16_CONFIGS[max(known)] if known else W4A16_CONFIGS[min(W4A16_CONFIGS)]
 
 
-def launch_config(m: int, group_size: int, has_g_idx: bool, device: DeviceInfo) -> W4Config:
-    """The tiles for M rows; without g_idx the K step is capped at the group size."""
+def launch_config(m: int, group_size: int, has_g_idx: bool, device: DeviceInfo) -> W4Config | W4GemvConfig:
+    """The tiles for M rows (a W4GemvConfig up to GEMV_MAX_ROWS); without g_idx the K step is capped at the group
+    size."""
     table = arch_configs(device)
-    cfg = table.gemv if m <= GEMV_MAX_ROWS else table.gemm_small if m <= 64 else table.gemm
+    if m <= GEMV_MAX_ROWS:
+        cfg = table.gemv_cores if m < table.dot_rows else table.gemv_dot
+    else:
+        cfg = table.gemm_small if m <= 64 else table.gemm
     if not has_g_idx and cfg.block_k > group_size:
-        cfg = W4Config(cfg.block_m, cfg.block_n, group_size, cfg.num_warps, cfg.num_stages)
+        cfg = replace(cfg, block_k=group_size)
     return cfg
 
 
-def split_count(n: int, k: int, cfg: W4Config, sm_count: int, waves: int) -> int:
-    """K slices of the GEMV: enough programs for `waves` per SM, each slice at least one K step."""
+def split_count(n: int, k: int, cfg: W4GemvConfig, sm_count: int) -> int:
+    """K slices of the GEMV: enough programs for `cfg.waves` per SM, each slice at least one K step."""
     tiles = triton.cdiv(n, cfg.block_n)
     steps = triton.cdiv(k, cfg.block_k)
-    return max(1, min(steps, triton.cdiv(waves * sm_count, tiles)))
+    return max(1, min(steps, triton.cdiv(cfg.waves * sm_count, tiles)))
 
 
 @triton.jit
-def _w4a16_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr,
-    M, N, K, stride_xm, stride_om, stride_os, k_per_split,
+def _biased_codes(packed, MAGIC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    # packed: [BK // 8, BN] int32 -> [BK, BN] offset + q in the activation dtype (MAGIC's float), row 8 * i + j
+    # from nibble j of word row i: [BK // 8, 8, BN] reshaped row-major is [BK, BN] in K order
+    shifts = tl.arange(0, 8) * 4
+    codes = _magic((packed[:, None, :] >> shifts[None, :, None]) & 0xF, MAGIC)
+    return tl.reshape(codes, (BLOCK_K, BLOCK_N))
+
+
+@triton.jit
+def _magic(ints, MAGIC: tl.constexpr):
+    # int32 values in 0..16 -> offset + value in MAGIC's float type, with no conversion instruction
+    bits = ints | MAGIC
+    if MAGIC == 0x4B000000:
+        return bits.to(tl.float32, bitcast=True)
+    elif MAGIC == 0x6400:
+        return bits.to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _biased_codes_t(packed, MAGIC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    # _biased_codes transposed: [BN, BK], each word's 8 codes K-contiguous in one thread
+    shifts = tl.arange(0, 8) * 4
+    codes = _magic((tl.trans(packed)[:, :, None] >> shifts[None, None, :]) & 0xF, MAGIC)  # [BN, BK // 8, 8]
+    return tl.reshape(codes, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _scaled_codes(packed, z, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    # packed: [BK // 8, BN] int32, z: [BN] fp32 -> [BK, BN] fp32 (q - z) * 16^(k % 4), exact. Nibble j = 4h + i of a
+    # word is taken where it lies in half h (bits 4i..4i+3, one shift per half instead of one per nibble), under
+    # 2^23's exponent: the float 2^23 + q * 16^i. `_unscale` gives the factors 16^-(k % 4) for x.
+    halves = packed[:, None, :] >> (tl.arange(0, 2) * 16)[None, :, None]  # [BK // 8, 2, BN]
+    places = tl.arange(0, 4) * 4
+    bits = (halves[:, :, None, :] & (0xF << places)[None, None, :, None]) | 0x4B000000  # [BK // 8, 2, 4, BN]
+    weight = (1 << places).to(tl.float32)  # 16^i
+    zero = 8388608.0 + z[None, None, None, :] * weight[None, None, :, None]
+    return tl.reshape(bits.to(tl.float32, bitcast=True) - zero, (BLOCK_K, BLOCK_N))
+
+
+@triton.jit
+def _unscale(BLOCK_K: tl.constexpr):
+    # [BK] fp32 16^-(k % 4), built from its exponent bits (exact)
+    return ((127 - 4 * (tl.arange(0, BLOCK_K) % 4)) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, stride_xm, stride_om, k_per_split,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GIDX: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr, TF32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [splits, M, N] (stride_os apart).
-    # Program (pid_n, pid_m, pid_s): a [BLOCK_M, BLOCK_N] tile of the output over K slice pid_s.
+    # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part: [splits, M, N] fp32;
+    # count: [column tiles] int32, zero between calls. Program (pid_n, pid_s): BLOCK_N columns over K slice pid_s.
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    splits = tl.num_programs(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, BLOCK_K // 8)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_begin = pid_s * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    w_ptrs = qw_ptr + (k_begin // 8 + offs_w).to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK // 8, BN]
+    # the first codes before the wait: weights are no kernel's output, so their read overlaps the kernel before
+    # this one (dependent launch); x, the counters and every store come after it
+    packed = tl.load(w_ptrs, mask=(k_begin + 8 * offs_w < k_end)[:, None] & n_mask[None, :], other=0)
+    launch_next_then_wait(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        # the next step's codes are in flight while this step's are multiplied
+        w_ptrs += (BLOCK_K // 8) * N
+        following = tl.load(w_ptrs, mask=(k0 + BLOCK_K + 8 * offs_w < k_end)[:, None] & n_mask[None, :], other=0)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0)  # [BM, BK]  # fmt: skip
+        if HAS_GIDX:  # each row its own group: the weight dequantized as the reference rounds it, then multiplied
+            g = tl.load(g_ptr + offs_k, mask=k_mask, other=0)
+            sz = g.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK, BN]
+            sz_mask = k_mask[:, None] & n_mask[None, :]
+            s = tl.load(s_ptr + sz, mask=sz_mask, other=0.0)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + sz, mask=sz_mask, other=0).to(tl.float32)
+            else:
+                z = tl.full((BLOCK_K, BLOCK_N), 8.0, tl.float32)
+            codes = _biased_codes(packed, 0x4B000000, BLOCK_K, BLOCK_N)
+            w = ((codes - (8388608.0 + z)) * s.to(tl.float32)).to(x.dtype)  # [BK, BN]
+            if DOT:
+                acc = tl.dot(x, w, acc, input_precision="ieee" if MAGIC == 0x4B000000 else "tf32")
+            else:
+                acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        else:  # one group per step: products of x with the exact q - z, summed, then times the group's scale
+            g = k0 // GROUP
+            s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
+            if HAS_ZEROS:
+                zq = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
+            else:
+                zq = tl.full((BLOCK_N,), 8, tl.int32)
+            if DOT and MAGIC != 0x4B000000 and not TF32:  # 16-bit q - z against 16-bit x: exact products
+                # computed transposed ([BN, BK] x [BK, BM]): the dequantized codes are the product's first operand,
+                # which the tensor cores can take from registers, K contiguous in each thread
+                codes = _biased_codes_t(packed, MAGIC, BLOCK_K, BLOCK_N)  # [BN, BK]
+                zero = _magic(zq, MAGIC)  # offset + z, as the codes
+                part = tl.trans(tl.dot(codes - zero[:, None], tl.trans(x)))
+            else:
+                xs = x.to(tl.float32) * _unscale(BLOCK_K)[None, :]  # [BM, BK]
+                codes = _scaled_codes(packed, _magic(zq, 0x4B000000) - 8388608.0, BLOCK_K, BLOCK_N)  # [BK, BN]
+                if DOT:  # x (11 significant bits at most) and q - z (5) are exact in tf32
+                    part = tl.dot(xs, codes, input_precision="ieee" if MAGIC == 0x4B000000 else "tf32")
+                else:
+                    part = tl.sum(xs[:, :, None] * codes[None, :, :], axis=1)  # [BM, BN]
+            acc += part * s[None, :]
+        packed = following
+    mask = m_mask[:, None] & n_mask[None, :]
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLIT:
+        parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]  # slice 0's [BM, BN]; slice s is s * M * N on
+        tl.store(parts + pid_s * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial stored before the counter says so (acq_rel, GPU scope)
+        if tl.atomic_add(count_ptr + pid_n, 1) == splits - 1:  # the tile's last slice to end: reduce
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s0 in range(0, splits, CHUNK):  # CHUNK slices' loads in flight at once, not one after the other
+                offs_s = s0 + tl.arange(0, CHUNK)
+                slices = tl.load(parts[None, :, :] + (offs_s * M * N)[:, None, None],
+                                 mask=(offs_s < splits)[:, None, None] & mask[None, :, :], other=0.0,
+                                 cache_modifier=".cg")  # [CHUNK, BM, BN]  # fmt: skip
+                acc += tl.sum(slices, axis=0)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(count_ptr + pid_n, 0)  # zero for the next call
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _w4a16_gemm_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_om,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GIDX: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N].
+    # Program (pid_n, pid_m): a [BLOCK_M, BLOCK_N] tile of the output over all of K.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_s = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
-    k_begin = pid_s * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < k_end
+        k_mask = offs_k < K
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
-        # each int32 word read once ([BK // 8, BN]) and unpacked in registers into its 8 rows: row 8 * i + j is
-        # nibble j of word i, so [BK // 8, 8, BN] reshaped row-major is [BK, BN] in K order
         offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(
-            qw_ptr + offs_w.to(tl.int64)[:, None] * N + offs_n[None, :],
-            mask=(offs_w < tl.cdiv(k_end, 8))[:, None] & n_mask[None, :],
-            other=0,
-        )  # [BK // 8, BN] int32
-        shifts = tl.arange(0, 8) * 4
-        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))  # [BK, BN]
+        packed = tl.load(qw_ptr + offs_w.to(tl.int64)[:, None] * N + offs_n[None, :],
+                         mask=(offs_w < K // 8)[:, None] & n_mask[None, :], other=0)  # [BK // 8, BN] int32  # fmt: skip
         if HAS_GIDX:  # each row its own group: gather the scales (and zeros) per row
             g = tl.load(g_ptr + offs_k, mask=k_mask, other=0)
             sz_offs = g.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK, BN]
@@ -133,23 +299,67 @@ def _w4a16_kernel(
         else:  # the K step lies in one group: one row of scales (and zeros) for the tile
             sz_offs = ((k0 // GROUP) * N + offs_n)[None, :]  # [1, BN]
             sz_mask = n_mask[None, :]
-        s = tl.load(s_ptr + sz_offs, mask=sz_mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + sz_offs, mask=sz_mask, other=0.0)
         if HAS_ZEROS:
-            z = tl.load(z_ptr + sz_offs, mask=sz_mask, other=0).to(tl.int32)
+            zero = _magic(tl.load(z_ptr + sz_offs, mask=sz_mask, other=0).to(tl.int32), MAGIC)  # offset + z
         else:
-            z = 8
-        w = ((q - z).to(tl.float32) * s).to(x.dtype)  # [BK, BN]
+            zero = _magic(tl.full((1, BLOCK_N), 8, tl.int32), MAGIC)
+        # (offset + q) - (offset + z) is q - z exactly; one product with the scale rounds it as the reference does
+        w = (_biased_codes(packed, MAGIC, BLOCK_K, BLOCK_N) - zero) * s  # [BK, BN] in x's dtype
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:  # the first slice carries the bias
-        bias = tl.load(b_ptr + offs_n, mask=n_mask & (pid_s == 0), other=0.0).to(tl.float32)
-        acc += bias[None, :]
-    out = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *, config: W4Config | None = None,
-                 splits: int | None = None):  # fmt: skip
-    """The Triton W4A16 product. `config` and `splits` override the per-arch choice (tests and benchmarks)."""
+_counters: dict = {}
+
+
+def split_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 counters for a split GEMV over `tiles` column tiles; each call's last slice of a tile sets its
+    counter back to zero. Kept per device and shared by every call: the calls on a device follow one another on
+    one stream (the engine's), and a call touches the counters only after its dependent-launch wait, when the call
+    before it has ended. Not kept when first asked for during a CUDA-graph capture (memory allocated there belongs
+    to the graph) or for more than COUNTER_TILES tiles: fresh zeros then (the capture records their fill)."""
+    kept = _counters.get(device)
+    if kept is not None and tiles <= COUNTER_TILES:
+        return kept
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if tiles > COUNTER_TILES or capturing:
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    kept = _counters[device] = torch.zeros(COUNTER_TILES, dtype=torch.int32, device=device)
+    return kept
+
+
+def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
+    m, k = x.shape
+    n = qweight.shape[1]
+    splits = splits or split_count(n, k, cfg, device.sm_count)
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
+    splits = triton.cdiv(k, k_per_split)  # no empty slice
+    tiles = triton.cdiv(n, cfg.block_n)
+    dot = cfg.dot
+    block_m = 16 if dot else triton.next_power_of_2(m)
+    chunk = min(triton.next_power_of_2(splits), max(1, REDUCE_VALUES // (block_m * cfg.block_n)))
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    counters = split_counters(x.device, tiles) if splits > 1 else qweight
+    pdl = dependent_launch(device)
+    launch_compiled(_w4a16_gemv_kernel, (tiles, splits),
+        x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
+        bias if bias is not None else scales, out, part, counters, m, n, k, x.stride(0), out.stride(0), k_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=dot,
+        MAGIC=MAGIC[x.dtype], SPLIT=splits > 1, CHUNK=chunk, TF32=cfg.tf32, PDL=pdl, num_warps=cfg.num_warps, **pdl_options(pdl),
+    )  # fmt: skip
+    return out
+
+
+def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
+                 config: W4Config | W4GemvConfig | None = None, splits: int | None = None):  # fmt: skip
+    """The Triton W4A16 product. `config` (a W4GemvConfig up to GEMV_MAX_ROWS rows, else a W4Config) and `splits`
+    (the GEMV's K slices) override the per-arch choice (tests and benchmarks)."""
     m, k = x.shape
     n = qweight.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -160,23 +370,17 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *, con
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m <= GEMV_MAX_ROWS:
-        table = arch_configs(device)
-        splits = splits or split_count(n, k, cfg, device.sm_count, table.waves)
-    else:
-        splits = splits or 1
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
-    splits = triton.cdiv(k, k_per_split)  # no empty slice
-    out = torch.empty((splits, m, n), dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), splits)
-    launch_compiled(_w4a16_kernel, grid,
+        return _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg, splits, device)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    launch_compiled(_w4a16_gemm_kernel, (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)),
         x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
-        bias if bias is not None else scales, out, m, n, k, x.stride(0), out.stride(1), out.stride(0), k_per_split,
+        bias if bias is not None else scales, out, m, n, k, x.stride(0), out.stride(0),
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MAGIC=MAGIC[x.dtype],
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    return out
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:

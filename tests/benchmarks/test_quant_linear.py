@@ -2,7 +2,17 @@
 
 import pytest
 
-from benchmarks.quant_linear import FORMATS, MODELS, SHAPES, layer_rows, markdown, memory_table, model_bytes, w4_bytes
+from benchmarks.quant_linear import (
+    FORMATS,
+    MODELS,
+    SHAPES,
+    layer_rows,
+    markdown,
+    memory_table,
+    model_bytes,
+    pick_gemv,
+    w4_bytes,
+)
 from tests.benchmarks.tables import result, table_at
 
 
@@ -20,8 +30,7 @@ def test_weight_bytes_of_the_llama_shapes():
 def test_markdown_sums_the_layer_and_lists_every_projection():
     rows = [
         {"shape": name, "n": n, "k": k, "rows": count, "fp16_us": 10.0, "w4_us": 4.0, "read_floor_us": 3.0,
-         "quant_mb": 1.0, "rel_err": 1e-3, "fp8_us": 5.0 if count == 1 else None,
-         "best_us": 3.5 if count == 1 else None, "best_config": "64x128/4st/9sp" if count == 1 else None}
+         "quant_mb": 1.0, "rel_err": 1e-3, "fp8_us": 5.0 if count == 1 else None}
         for name, (n, k) in SHAPES.items() for count in (1, 128)
     ]  # fmt: skip
     assert layer_rows(rows) == [
@@ -36,4 +45,21 @@ def test_markdown_sums_the_layer_and_lists_every_projection():
     memory = table_at(lines, "| model |", len(MODELS))
     assert lines[memory].count("|") == len(FORMATS) + 2 and lines[memory + 2].startswith("| 7B | 13.48 GB |")
     per = table_at(lines, "| W |", len(rows))
-    assert "| 3.50 (64x128/4st/9sp) | 5.00 |" in lines[per + 2] and "| - | - |" in lines[per + 3]
+    assert "| 0.75 | 5.00 |" in lines[per + 2] and "| 0.75 | - |" in lines[per + 3]
+
+
+def _swept(rows, dot, block_n, layer_us):
+    fields = {"block_n": block_n, "block_k": 64, "num_warps": 4, "waves": 4, "dot": dot, "tf32": False}
+    return {"rows": rows, "fields": fields, "layer_us": layer_us}
+
+
+def test_the_sweep_picks_the_fastest_product_per_row_count():
+    rows = [_swept(1, False, 128, 50.0), _swept(1, False, 64, 60.0), _swept(1, True, 64, 90.0),
+            _swept(2, False, 128, 80.0), _swept(2, True, 64, 90.0), _swept(4, False, 64, 95.0),
+            _swept(4, True, 64, 91.0), _swept(16, True, 64, 100.0), _swept(16, True, 128, 98.0)]  # fmt: skip
+    picked = pick_gemv(rows)
+    assert picked["gemv_cores"]["block_n"] == 128 and not picked["gemv_cores"]["dot"]
+    assert picked["gemv_dot"]["block_n"] == 128 and picked["gemv_dot"]["dot"]
+    assert picked["dot_rows"] == 4  # tl.dot first wins at four rows; 64 products a row slot fit up to 4 slots
+    rows[0]["fields"]["block_k"] = 256  # 256 products a row slot: two rows (two slots) would spill
+    assert pick_gemv(rows)["dot_rows"] == 2

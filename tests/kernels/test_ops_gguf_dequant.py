@@ -63,3 +63,17 @@ def test_bad_blocks_are_refused():
         dequantize_rows(torch.zeros(1, 18, dtype=torch.uint8), int(Q.Q4_0), 32, torch.float32)
     with pytest.raises(ValueError, match=r"Q8_0 blocks of a 64-column matrix must be uint8 \[rows, 68\]"):
         dequantize_rows(torch.zeros(1, 34, dtype=torch.uint8), int(Q.Q8_0), 64, torch.float32)
+
+
+@pytest.mark.parametrize("cols", [96, 288], ids=lambda c: f"cols{c}")
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0], ids=lambda q: q.name)
+def test_a_row_that_ends_inside_a_program_tile(qtype, cols):
+    """32-element blocks are dequantized eight to a program: a row of 3 or 9 blocks ends inside a tile, whose
+    blocks past the row's end are neither read nor written."""
+    blocks = random_blocks(2, cols, qtype, seed=3)
+    want = torch.from_numpy(dequantize(blocks, qtype).copy())
+    got = dequantize_triton(torch.from_numpy(blocks).to(DEV), int(qtype), cols, torch.float32).cpu()
+    if ON_GPU:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    else:
+        assert torch.equal(got, want)

@@ -1,6 +1,6 @@
-"""The W4A16 op: the Triton kernel (interpreted on CPU, tiny shapes; real 7B shapes on a GPU) against float64
-products of the dequantized weight, over group sizes, zeros, g_idx, split-k decode rows and GEMM rows; its
-packing, tile and split rules, dispatch and errors."""
+"""The W4A16 op: the Triton kernels (interpreted on CPU, tiny shapes; real 7B shapes on a GPU) against float64
+products of the dequantized weight, over group sizes, zeros, g_idx, split-k decode rows (CUDA-core and tl.dot
+products) and GEMM rows; its packing, tile and split rules, the split counters, dispatch and errors."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from vlchat.kernels.ops.quant_linear import (
     OP,
     W4A16_CONFIGS,
     W4Config,
+    W4GemvConfig,
     dequantize_w4,
     launch_config,
     pack_int4,
     split_count,
+    split_counters,
     unpack_int4,
     w4a16_linear,
     w4a16_triton,
@@ -83,19 +85,47 @@ def test_kernel_matches_float64(dtype, rows, group, zeros, g_idx, bias):
     _assert_close(got, _want(x, qweight, scales, z, gi, group, b), dtype)
 
 
+GEMV_ROWS = list(range(1, GEMV_MAX_ROWS + 1))
+
+
+@pytest.mark.parametrize("dot, tf32", [(False, False), (True, False), (True, True)], ids=["cores", "dot", "tf32"])
+@pytest.mark.parametrize("rows", GEMV_ROWS, ids=lambda r: f"rows{r}")
+def test_every_decode_row_count_matches_float64(rows, dot, tf32):
+    """The GEMV at 1..16 rows on each product (CUDA cores, 16-bit tl.dot, tf32 tl.dot), over every group size, with and without zeros and g_idx, split
+    over K; masked columns (N not a multiple of the tile)."""
+    dtype = torch.float16
+    group = GROUP_SIZES_CYCLE[rows % 3]
+    zeros, g_idx = bool(rows % 2), rows % 4 in (1, 2)
+    qweight, scales, z, gi = _weights(K, N, group, zeros, g_idx, dtype, seed=rows)
+    x = torch.randn(rows, K, device=DEV).to(dtype)
+    cfg = W4GemvConfig(32, min(32, group), 4, 4, dot, tf32)
+    got = w4a16_triton(x, qweight, scales, z, gi, group, config=cfg, splits=3)
+    _assert_close(got, _want(x, qweight, scales, z, gi, group), dtype)
+
+
+GROUP_SIZES_CYCLE = (32, 64, 128)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 7], ids=lambda s: f"splits{s}")
-def test_every_split_of_k_gives_the_same_sums(splits):
-    """Uneven slices (K steps do not divide evenly), a slice count rounded down to whole steps; bias added once."""
+@pytest.mark.parametrize("rows", [1, 3], ids=lambda r: f"rows{r}")
+def test_every_split_of_k_gives_the_same_sums(rows, splits):
+    """Uneven slices (K steps do not divide evenly), a slice count rounded down to whole steps; the bias added once
+    by the last slice of each column tile; the counters back at zero after each call."""
     qweight, scales, z, gi = _weights(K, N, 32, True, False, torch.float32, seed=splits)
-    x = torch.randn(3, K, device=DEV)
+    x = torch.randn(rows, K, device=DEV)
     b = torch.randn(N, device=DEV)
-    got = w4a16_triton(x, qweight, scales, z, gi, 32, b, splits=splits)
-    _assert_close(got, _want(x, qweight, scales, z, gi, 32, b), torch.float32)
+    for _ in range(2):  # the second call runs on the counters the first left
+        got = w4a16_triton(x, qweight, scales, z, gi, 32, b, splits=splits)
+        _assert_close(got, _want(x, qweight, scales, z, gi, 32, b), torch.float32)
+        assert not split_counters(x.device, 1).any()
 
 
-def test_a_strided_input_row_and_a_smaller_tile():
+def test_a_strided_input_row_and_smaller_tiles():
     qweight, scales, z, gi = _weights(K, N, 64, True, False, torch.float16, seed=9)
     x = torch.randn(2, 2 * K, device=DEV).to(torch.float16)[:, ::2]  # last stride 2
+    got = w4a16_triton(x, qweight, scales, z, gi, 64, config=W4GemvConfig(16, 32, 2, 4, False))
+    _assert_close(got, _want(x, qweight, scales, z, gi, 64), torch.float16)
+    x = torch.randn(20, 2 * K, device=DEV).to(torch.float16)[:, ::2]
     got = w4a16_triton(x, qweight, scales, z, gi, 64, config=W4Config(16, 16, 32, 2, 1))
     _assert_close(got, _want(x, qweight, scales, z, gi, 64), torch.float16)
 
@@ -104,15 +134,18 @@ def test_tile_and_split_rules():
     for cap in ARCHS.values():
         device = sim_device(cap, sm_count=132)
         for group in (32, 64, 128):
-            gemv = launch_config(1, group, False, device)
-            assert gemv.block_m == 16 and gemv.block_k <= group and group % gemv.block_k == 0
-            assert launch_config(GEMV_MAX_ROWS + 1, group, False, device).block_m > 16
+            table = W4A16_CONFIGS[cap]
+            assert not table.gemv_cores.dot and table.gemv_dot.dot and 1 <= table.dot_rows <= GEMV_MAX_ROWS + 1
+            for rows in (1, max(1, table.dot_rows - 1), table.dot_rows, GEMV_MAX_ROWS):
+                gemv = launch_config(rows, group, False, device)
+                assert gemv.dot == (rows >= table.dot_rows) and gemv.block_k <= group and group % gemv.block_k == 0
+            assert launch_config(GEMV_MAX_ROWS + 1, group, False, device).block_m > GEMV_MAX_ROWS
         assert launch_config(1, 32, True, device).block_k >= 32  # with g_idx a step may span groups
     assert set(W4A16_CONFIGS) == set(ARCHS.values())
-    cfg = W4Config(16, 64, 128, 4, 4)
-    assert split_count(4096, 4096, cfg, 132, 4) == 9  # 64 column tiles, 528 programs wanted
-    assert split_count(22016, 4096, cfg, 132, 4) == 2
-    assert split_count(64, 256, cfg, 132, 4) == 2  # never more slices than K steps
+    cfg = W4GemvConfig(64, 128, 4, 4, False)
+    assert split_count(4096, 4096, cfg, 132) == 9  # 64 column tiles, 528 programs wanted
+    assert split_count(22016, 4096, cfg, 132) == 2
+    assert split_count(64, 256, cfg, 132) == 2  # never more slices than K steps
 
 
 def test_dispatch_runs_the_reference_on_cpu_and_the_kernel_when_forced():
@@ -140,13 +173,14 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match=r"g_idx must be \[64\]"):
         w4a16_linear(x, qweight, scales, z, gi[:32], 32)
     with pytest.raises(ValueError, match="one group"):
-        w4a16_triton(x, qweight, scales, z, None, 32, config=W4Config(16, 16, 64, 2, 1))
+        w4a16_triton(x, qweight, scales, z, None, 32, config=W4GemvConfig(16, 64, 2, 4, False))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("rows", [1, 16, 256], ids=lambda r: f"rows{r}")
 def test_a_captured_product_replays(rows):
-    """The decode path (kernel, then the slices' sum) and the GEMM path both capture into a CUDA graph."""
+    """The decode path (split over K, reduced by each tile's last slice) and the GEMM path both capture into a CUDA
+    graph, and replay with the counters left by the calls before."""
     qweight, scales, z, gi = _weights(4096, 11008, 128, True, False, torch.float16, seed=rows)
     x = torch.randn(rows, 4096, device=DEV, dtype=torch.float16)
     w4a16_triton(x, qweight, scales, z, gi, 128)  # compiled before the capture
@@ -154,7 +188,8 @@ def test_a_captured_product_replays(rows):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = w4a16_triton(x, qweight, scales, z, gi, 128)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_close(y, _want(x, qweight, scales, z, gi, 128), torch.float16)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_close(y, _want(x, qweight, scales, z, gi, 128), torch.float16)
