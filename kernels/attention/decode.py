@@ -279,8 +279,10 @@ def paged_decode_attention(
     `decode_ws.available` and `supports` the call, else the Triton config decode_plan pairs with the same split
     count (plan.triton_config). `cache_memo`: a dict the caches' owner keeps with them (and empties when it
     replaces them), where the Gluon kernel keeps their TMA descriptors (gluon_sm90.row_descriptor).
-    Quantized caches (kv_quant.py; k_scale/v_scale as their format takes them) run the Triton kernel, which
-    dequantizes each tile in registers; the plan gives them Triton configs only."""
+    Quantized caches (kv_quant.py; k_scale/v_scale as their format takes them) run the Triton kernel, which turns
+    each tile's codes into float16 in registers and applies the int formats' per-row scales and zero points to the
+    scores and to the probabilities rather than to every element (_decode_kernel); the plan gives them Triton
+    configs only, with twice the keys a tile (configs.quantized_tiles)."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
