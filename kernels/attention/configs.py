@@ -212,7 +212,7 @@ def quantized_tiles(config: DecodeConfig) -> DecodeConfig:
     """`config` for a quantized cache: twice the keys per tile, the bytes of a 2-byte tile. The kernel converts
     every element in registers, and the per-tile work that does not grow with the keys (the softmax's running max,
     the loop, the block-table load) then comes once per twice the bytes: compiled for sm_90, an int8 tile of 128
-    keys took 0.75 of the instructions per key of a 64-key tile (docs/PERF.md#quantized-kv-decode)."""
+    keys took 0.73 of the instructions per key of a 64-key tile (docs/PERF.md#quantized-kv-decode)."""
     return replace(config, block_n=2 * config.block_n)
 
 
