@@ -143,14 +143,25 @@ class ArchTable:
     # programmatic dependent launch (griddepcontrol, sm_90+): the decode kernels start while their predecessor
     # runs and wait for it only before the loads that depend on it
     pdl: bool = False
+    # e4m3 -> float16 conversion instructions (sm_89+): the decode kernel converts fp8 caches with them instead of
+    # integer operations (decode._codes)
+    native_fp8: bool = False
 
-    def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig:
-        return _fit(self.decode[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
+    def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False) -> DecodeConfig:
+        """The decode config for queries of `dtype`; over a `quantized` cache (kv_quant.py: one byte an element or
+        less) with twice the keys per tile (quantized_tiles)."""
+        config = self.decode[_bucket(head_dim)]
+        return _fit(quantized_tiles(config) if quantized else config, head_dim, dtype.itemsize, self.smem_kb,
+                    1 if quantized else dtype.itemsize)  # fmt: skip
 
-    def decode_deep_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> DecodeConfig | None:
+    def decode_deep_config(
+        self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False
+    ) -> DecodeConfig | None:
         """The deep-pipeline decode config, or None: where none was measured, and for fp32 (twice the bytes per
-        tile: the two CTAs per SM the config is meant for no longer fit)."""
-        return self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
+        tile: the two CTAs per SM the config is meant for no longer fit). Over a `quantized` cache with twice the
+        keys per tile, as decode_config."""
+        config = self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
+        return quantized_tiles(config) if quantized and config is not None else config
 
     def decode_ws_config(
         self, head_dim: int, dtype: torch.dtype = torch.float16, grid: str = "one_wave"
@@ -183,26 +194,39 @@ def prefill_smem_bytes(c: PrefillConfig, head_dim: int, itemsize: int) -> int:
     return (c.block_m * d + c.num_stages * 2 * c.block_n * d) * itemsize + 1024
 
 
-def decode_smem_bytes(c: DecodeConfig, head_dim: int, itemsize: int) -> int:
+def decode_smem_bytes(c: DecodeConfig, head_dim: int, itemsize: int, cache_itemsize: int | None = None) -> int:
     """Shared memory Triton allocates for the decode kernel: the 16-row query and probability tiles plus the
     K/V tiles (and their page indices) it loads ahead. The block-table load takes its own pipeline stage ahead of
     the K/V loads, so num_stages s buffers max(1, (s - 1) // 2) tiles: compiled for sm_90 with Triton 3.6 and 3.8,
-    64 keys at head_dim 128 in fp16 took 39,168 bytes at 3-4 stages, 72,192 at 5-6 and 105,216 at 8."""
+    64 keys at head_dim 128 in fp16 took 39,168 bytes at 3-4 stages, 72,192 at 5-6 and 105,216 at 8. A quantized
+    cache (`cache_itemsize` 1) buffers its tiles at one byte an element and the int formats' (scale, zero) pairs
+    beside them (Triton 3.8: 128 keys of int8 at 6 stages, 78,848 bytes)."""
     d = _pow2(head_dim)
     buffers = max(1, (c.num_stages - 1) // 2)
-    return (16 * d + 16 * c.block_n) * itemsize + buffers * (2 * c.block_n * d * itemsize + 4 * c.block_n)
+    cache_itemsize = cache_itemsize or itemsize
+    pairs = 16 * c.block_n if cache_itemsize == 1 else 0
+    return (16 * d + 16 * c.block_n) * itemsize + buffers * (2 * c.block_n * d * cache_itemsize + 4 * c.block_n + pairs)
+
+
+def quantized_tiles(config: DecodeConfig) -> DecodeConfig:
+    """`config` for a quantized cache: twice the keys per tile, the bytes of a 2-byte tile. The kernel converts
+    every element in registers, and the per-tile work that does not grow with the keys (the softmax's running max,
+    the loop, the block-table load) then comes once per twice the bytes: compiled for sm_90, an int8 tile of 128
+    keys took 0.73 of the instructions per key of a 64-key tile (docs/PERF.md#quantized-kv-decode)."""
+    return replace(config, block_n=2 * config.block_n)
 
 
 @functools.cache  # called on every kernel launch (per layer in eager steps); the answer depends on its args only
-def _fit(config, head_dim: int, itemsize: int, smem_kb: int):
+def _fit(config, head_dim: int, itemsize: int, smem_kb: int, cache_itemsize: int | None = None):
     """The tuned config made to fit (fp32 doubles every tile): down to two stages, then fewer keys per tile,
     then one stage, then (prefill) fewer query rows. Decode's stage steps free memory only above 4 stages
     (decode_smem_bytes: 1-4 stages buffer one tile)."""
     prefill = isinstance(config, PrefillConfig)
-    smem_bytes = prefill_smem_bytes if prefill else decode_smem_bytes
 
     def over(c) -> bool:
-        return smem_bytes(c, head_dim, itemsize) > smem_kb * 1024
+        if prefill:
+            return prefill_smem_bytes(c, head_dim, itemsize) > smem_kb * 1024
+        return decode_smem_bytes(c, head_dim, itemsize, cache_itemsize) > smem_kb * 1024
 
     while over(config) and config.num_stages > 2:
         config = replace(config, num_stages=config.num_stages - 1)
@@ -259,6 +283,7 @@ TABLES: dict[str, ArchTable] = {
         "sm_89", True, 800.0, 99,
         decode={64: D(64, 4, 3, 4), 128: D(64, 4, 3, 2), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 2), 128: P(64, 64, 4, 2), 256: P(64, 32, 4, 1)},
+        native_fp8=True,
     ),
     # 227 KB smem per block, wgmma. Prefill at head_dim 128: 128x64 tiles for one warp group (4 warps), 2 stages,
     # 96 KB, so two CTAs share an SM and one's softmax overlaps the other's matrix products (what FA3 schedules by
@@ -313,6 +338,7 @@ TABLES: dict[str, ArchTable] = {
         # programmatic dependent launch: a decode starts while the KV write before it runs
         # (docs/PERF.md#decode-configs-per-arch)
         pdl=True,
+        native_fp8=True,
     ),
 }  # fmt: skip
 

@@ -81,6 +81,31 @@ def dequant_tile(x, sz_rows, n_ok, offs_d, dtype, QUANT: tl.constexpr):
 
 
 @triton.jit
+def _codes(x, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
+           NATIVE_FP8: tl.constexpr):  # fmt: skip
+    """A K/V tile of a quantized cache as the decode's dot operand, before any scale: fp8 its values (times 2**-8
+    unless NATIVE_FP8: fp8_to_half), int8 and int4 INT_OFFSET + code in float16 (the code's byte under 0x64: one
+    bit operation, exact) or the code in float32; int4 from the packed tile x [BLOCK_N, BLOCK_D // 2], unpacked to
+    the dimension order (low nibble even)."""
+    if QUANT == 1:
+        if NATIVE_FP8:  # cvt from e4m3, two values an instruction (sm_89+)
+            return x.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(DOT)
+        return fp8_to_half(x).to(DOT)
+    if QUANT == 3:
+        x = tl.join(x & 15, x >> 4).reshape(BLOCK_N, BLOCK_D)
+    if DOT == tl.float16:
+        return (x.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+    return x.to(DOT)
+
+
+@triton.jit
+def _row_pairs(sz_rows, n_ok):
+    """The (scale, zero) pairs of a tile's rows [BLOCK_N], loaded as one [BLOCK_N, 2] tile."""
+    sz = tl.load(sz_rows[:, None] + tl.arange(0, 2)[None, :], mask=n_ok[:, None], other=0.0)
+    return tl.split(sz)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, ksz_ptr, vsz_ptr,
     scale, softcap, window, num_splits, v_mul,
@@ -89,7 +114,7 @@ def _decode_kernel(
     stride_sb, stride_st, stride_sh, stride_ub, stride_ut, stride_uh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, NATIVE_FP8: tl.constexpr,
 ):  # fmt: skip
     kvh = tl.program_id(0)
     b = tl.program_id(1)
@@ -107,19 +132,29 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g  # query heads of this KV head
     mask_g = offs_g < GROUP
     mask_d = offs_d < HEAD_DIM
-    if QUANT == 3:  # int4: two dimensions a byte
-        cols = offs_d // 2
+    if QUANT == 3:  # int4: the packed tile, two dimensions a byte
+        cols = tl.arange(0, BLOCK_D // 2)
+        mask_c = cols < HEAD_DIM // 2
     else:
         cols = offs_d
+        mask_c = mask_d
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_g[:, None] & mask_d[None, :],
         other=0.0,
     )  # [BLOCK_G, BLOCK_D]
+    if QUANT > 0 and q.dtype != tl.float32:
+        # the dots over a quantized cache run in float16 (int codes need its 11-bit mantissa; bf16 q is clamped)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    INT_OFFSET: tl.constexpr = 1024.0 if q.dtype == tl.float16 else 0.0  # of the int codes (_codes)
+    q_sum = tl.sum(q.to(tl.float32), 1)  # [BLOCK_G]: the K zero points' share of the scores
     qk_scale = scale * _LOG2E
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    # the softmax denominators and the V zero points' share of the output, summed over the keys at the end: per
+    # (query, key column) until then, which saves two cross-warp reductions an iteration
+    l_cols = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
+    zero_cols = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     table = tables_ptr + b.to(tl.int64) * stride_tb
     for n0 in range(lo, hi, BLOCK_N):
@@ -129,13 +164,15 @@ def _decode_kernel(
         slot = offs_n % PAGE
         k = tl.load(
             k_ptr + (page * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + cols[None, :],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        k = dequant_tile(
-            k, ksz_ptr + page * stride_sb + slot * stride_st + kvh * stride_sh, mask_n, offs_d, q.dtype, QUANT
-        )
+            mask=mask_n[:, None] & mask_c[None, :],
+            other=0,
+        )  # [BLOCK_N, BLOCK_D] (int4: [BLOCK_N, BLOCK_D // 2])
+        if QUANT > 0:
+            k = _codes(k, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N] fp32
+        if QUANT >= 2:  # q . (code * scale + zero) = scale * (q . code) + zero * sum(q)
+            k_a, k_z = _row_pairs(ksz_ptr + page * stride_sb + slot * stride_st + kvh * stride_sh, mask_n)
+            s = s * k_a[None, :] + (k_z - INT_OFFSET * k_a)[None, :] * q_sum[:, None]
         if SOFTCAP:
             s = _tanh(s * (scale / softcap)) * (softcap * _LOG2E)
         else:
@@ -144,19 +181,32 @@ def _decode_kernel(
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every chunk holds a visible key
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_cols = l_cols * alpha[:, None] + p
         v = tl.load(
             v_ptr + (page * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + cols[None, :],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        v = dequant_tile(
-            v, vsz_ptr + page * stride_ub + slot * stride_ut + kvh * stride_uh, mask_n, offs_d, q.dtype, QUANT
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            mask=mask_n[:, None] & mask_c[None, :],
+            other=0,
+        )  # [BLOCK_N, BLOCK_D] (int4: [BLOCK_N, BLOCK_D // 2])
+        if QUANT >= 2:
+            # p @ (code * scale + zero) = big * (w @ code) + p @ zero, w = p * scale / big (big: the tile's largest
+            # scale, so that w keeps p's range in float16); the codes' offset comes off through w's rounded values
+            v_a, v_z = _row_pairs(vsz_ptr + page * stride_ub + slot * stride_ut + kvh * stride_uh, mask_n)
+            big = tl.max(v_a, 0)
+            big = tl.where(big > 0, big, 1.0)
+            w = (p * (v_a / big)[None, :]).to(q.dtype)
+            zero_cols = zero_cols * alpha[:, None] + (p * v_z[None, :] - (INT_OFFSET * big) * w.to(tl.float32))
+            pv = tl.dot(w, _codes(v, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8), input_precision=PRECISION)
+            acc = acc * alpha[:, None] + big * pv
+        else:
+            if QUANT == 1:
+                v = _codes(v, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
+    l_i = tl.sum(l_cols, 1)
     safe_l = tl.where(l_i > 0, l_i, 1.0)
+    if QUANT >= 2:
+        acc += tl.sum(zero_cols, 1)[:, None]
     o = acc / safe_l[:, None]
     if QUANT == 1:
         o = o * v_mul
@@ -229,8 +279,10 @@ def paged_decode_attention(
     `decode_ws.available` and `supports` the call, else the Triton config decode_plan pairs with the same split
     count (plan.triton_config). `cache_memo`: a dict the caches' owner keeps with them (and empties when it
     replaces them), where the Gluon kernel keeps their TMA descriptors (gluon_sm90.row_descriptor).
-    Quantized caches (kv_quant.py; k_scale/v_scale as their format takes them) run the Triton kernel, which
-    dequantizes each tile in registers; the plan gives them Triton configs only."""
+    Quantized caches (kv_quant.py; k_scale/v_scale as their format takes them) run the Triton kernel, which turns
+    each tile's codes into float16 in registers and applies the int formats' per-row scales and zero points to the
+    scores and to the probabilities rather than to every element (_decode_kernel); the plan gives them Triton
+    configs only, with twice the keys a tile (configs.quantized_tiles)."""
     # q: [batch, q_heads, head_dim]; caches: [num_blocks, block_size, kv_heads, head_dim]
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     fmt = kv_quant.check_scales(k_cache, v_cache, k_scale, v_scale, q.shape[-1])
@@ -267,7 +319,8 @@ def paged_decode_attention(
             pdl, cache_memo,
         )  # fmt: skip
     else:
-        k_mul, v_mul, ksz, vsz, sz_strides = _quant_args(fmt, k_cache, k_scale, v_scale)
+        native_fp8 = table_for(device).native_fp8
+        k_mul, v_mul, ksz, vsz, sz_strides = _quant_args(fmt, k_cache, k_scale, v_scale, native_fp8)
         if fmt == "fp8":
             k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         launch_compiled(_decode_kernel, (kv_heads, batch, num_splits),
@@ -279,19 +332,20 @@ def paged_decode_attention(
             BLOCK_D=triton.next_power_of_2(head_dim),
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, QUANT=kv_quant.QUANT_CODES[fmt],
-            num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
+            NATIVE_FP8=native_fp8, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
         )  # fmt: skip
     if not direct:
         reduce_partials(part, lse, out, pdl)
     return out
 
 
-def _quant_args(fmt: str, k_cache, k_scale, v_scale):
+def _quant_args(fmt: str, k_cache, k_scale, v_scale, native_fp8: bool = False):
     """(multiplier folded into the score scale, multiplier of the output, K and V scale/zero tensors, their strides)
-    for a cache of format `fmt`: fp8 tiles convert to their values * 2**-8, the factor and the per-tensor scales
-    come back through the multipliers; int8 and int4 tiles read their rows' scale/zero pairs."""
+    for a cache of format `fmt`: fp8 tiles convert to their values * 2**-8 (to their values with `native_fp8`: the
+    decode kernel's NATIVE_FP8), the factor and the per-tensor scales come back through the multipliers; int8 and
+    int4 tiles read their rows' scale/zero pairs."""
     if fmt == "fp8":
-        factor = kv_quant.FP8_HALF_FACTOR
+        factor = 1.0 if native_fp8 else kv_quant.FP8_HALF_FACTOR
         return factor * kv_quant.fp8_scale(k_scale), factor * kv_quant.fp8_scale(v_scale), k_cache, k_cache, (0,) * 6
     if fmt in kv_quant.LEVELS:
         return 1.0, 1.0, k_scale, v_scale, (*k_scale.stride()[:3], *v_scale.stride()[:3])

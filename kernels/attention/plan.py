@@ -39,16 +39,18 @@ def decode_plan(
     At head_dim 64 the one-CTA Gluon config on one-wave grids, the Triton configs beyond; at head_dim 256 one Gluon
     config on every grid. A given `num_splits` is kept, with a one-wave config only where it is that config's own
     count (the engine passes the config it planned with too: `config=`). gluon=False plans the Triton configs only
-    (for a call the Gluon kernel cannot run); so does a quantized cache (kv_quant.py)."""
+    (for a call the Gluon kernel cannot run); so does a quantized cache (kv_quant.py), on configs with twice the keys
+    per tile (configs.quantized_tiles)."""
     table = table_for(device)
     batch, q_heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     # quantized caches run the Triton kernel (decode_ws.supports refuses them)
-    ws = gluon and k_cache.dtype == q.dtype and decode_ws.available(device, q_heads // kv_heads, page)
+    quantized = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)  # kv_quant.py's formats
+    ws = gluon and not quantized and decode_ws.available(device, q_heads // kv_heads, page)
     plans = [
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
-        for c in one_wave_configs(table, head_dim, q.dtype, ws)
+        for c in one_wave_configs(table, head_dim, q.dtype, ws, quantized)
     ]
     # only the one-CTA Gluon config can be followed by a Gluon config at more CTAs per SM (the two-CTA one, head_dim
     # 128): where that one fits the grid in one wave too, the one-CTA config gives way to it at TWO_CTA_COUNTS
@@ -63,7 +65,7 @@ def decode_plan(
         if count is not None and num_splits in (None, count):
             config = short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
             return count, stealing_config(config, count, max_context, units)
-    config = many_wave_config(table, head_dim, q.dtype, ws)
+    config = many_wave_config(table, head_dim, q.dtype, ws, quantized)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     config = packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits, device)
@@ -132,21 +134,23 @@ def long_splits_config(table, head_dim: int, dtype, max_context: int, count: int
     return table.decode_ws_config(head_dim, dtype, grid="long")
 
 
-def one_wave_configs(table, head_dim: int, dtype, ws: bool) -> list:
+def one_wave_configs(table, head_dim: int, dtype, ws: bool, quantized: bool = False) -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
     then its config for larger grids (decode_ws_waves: at head_dim 128 two CTAs per SM; at 256 the same config,
-    listed once); then the deep Triton config. decode_plan says which takes which grid."""
+    listed once); then the deep Triton config (its `quantized` cache variant: configs.quantized_tiles).
+    decode_plan says which takes which grid."""
     gluon = [table.decode_ws_config(head_dim, dtype, grid) for grid in ("one_wave", "waves")] if ws else []
-    configs = gluon + [table.decode_deep_config(head_dim, dtype)]
+    configs = gluon + [table.decode_deep_config(head_dim, dtype, quantized)]
     return list(dict.fromkeys(c for c in configs if c is not None))
 
 
-def many_wave_config(table, head_dim: int, dtype, ws: bool) -> DecodeConfig | WsDecodeConfig:
+def many_wave_config(table, head_dim: int, dtype, ws: bool, quantized: bool = False) -> DecodeConfig | WsDecodeConfig:
     """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
-    kernel's decode_ws_waves where there is one, else the Triton config."""
+    kernel's decode_ws_waves where there is one, else the Triton config (for a `quantized` cache as
+    one_wave_configs)."""
     waves = table.decode_ws_config(head_dim, dtype, grid="waves") if ws else None
-    return waves or table.decode_config(head_dim, dtype)
+    return waves or table.decode_config(head_dim, dtype, quantized)
 
 
 def decode_splits(

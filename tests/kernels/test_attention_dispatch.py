@@ -121,6 +121,29 @@ def test_deep_decode_configs_fit_the_ctas_per_sm_they_are_meant_for():
             deep = table.decode_deep_config(head_dim, torch.bfloat16)
             assert deep.ctas_per_sm * configs.decode_smem_bytes(deep, head_dim, 2) <= table.smem_kb * 1024
             assert table.decode_deep_config(head_dim, torch.float32) is None
+            quant = table.decode_deep_config(head_dim, torch.bfloat16, quantized=True)
+            assert quant.block_n == 2 * deep.block_n
+            assert quant.ctas_per_sm * configs.decode_smem_bytes(quant, head_dim, 2, 1) <= table.smem_kb * 1024
+
+
+@pytest.mark.parametrize("arch", list(ARCHS), ids=str)
+def test_quantized_cache_configs_take_twice_the_keys_and_fit(arch):
+    """A quantized cache's tiles hold twice the keys of the tuned 2-byte tiles (configs.quantized_tiles), and fit
+    the arch's shared memory at one byte an element with the int formats' scale/zero pairs."""
+    table = configs.TABLES[arch]
+    for head_dim in (64, 80, 128, 256):
+        for dtype in (torch.float16, torch.float32):
+            quant = table.decode_config(head_dim, dtype, quantized=True)
+            assert configs.decode_smem_bytes(quant, head_dim, dtype.itemsize, 1) <= table.smem_kb * 1024
+            if dtype == torch.float16:
+                assert quant == configs.quantized_tiles(table.decode[configs._bucket(head_dim)])
+
+
+def test_decode_smem_of_a_quantized_cache_matches_what_triton_allocates():
+    """Probed on sm_90 with Triton 3.8 (head_dim 128, fp16 queries, int8 cache): the 1-byte tiles and their
+    float32 (scale, zero) pairs, at 128 keys a tile."""
+    for stages, size in ((4, 43520), (6, 78848)):
+        assert configs.decode_smem_bytes(configs.DecodeConfig(128, 4, stages, 2), 128, 2, 1) == size
 
 
 def test_sm90_prefill_tiles_leave_room_for_two_ctas_per_sm():

@@ -33,10 +33,12 @@ def _scales(fmt, cache, k_scale=1.0, v_scale=1.0):
     return (k_scale, v_scale) if fmt == "fp8" else (None, None)
 
 
-def quantized_paged(fmt, lens, page, kv_heads, head_dim, dtype, k_scale=1.0, v_scale=1.0):
-    """(k_cache, v_cache, tables, k_scale, v_scale): random unquantized K/V (shuffled pages) written into caches of
-    `fmt` through the reference write, every slot of every block."""
+def quantized_paged(fmt, lens, page, kv_heads, head_dim, dtype, k_scale=1.0, v_scale=1.0, magnitude=1.0):
+    """(k_cache, v_cache, tables, k_scale, v_scale): random unquantized K/V (shuffled pages; times `magnitude`,
+    offset by 3 * magnitude) written into caches of `fmt` through the reference write, every slot of every block."""
     k16, v16, tables = make_paged(lens, page, kv_heads, head_dim, dtype)
+    if magnitude != 1.0:
+        k16, v16 = ((x.float() * magnitude + 3 * magnitude).to(dtype) for x in (k16, v16))
     num_blocks = k16.shape[0]
     k_cache, v_cache, ks, vs = kv_quant.allocate(fmt, num_blocks, page, kv_heads, head_dim, dtype, DEV)
     ks, vs = (k_scale, v_scale) if fmt == "fp8" else (ks, vs)
@@ -180,10 +182,11 @@ def _lens(page):
 
 
 def decode_quant_case(fmt, group, head_dim, dtype, splits, page, window=None, softcap=0.0, device=None,
-                      config=None, scales=(1.0, 1.0)):  # fmt: skip
+                      config=None, scales=(1.0, 1.0), magnitude=1.0):  # fmt: skip
     lens = _lens(page)
     kv_heads = KV_HEADS
-    k_cache, v_cache, tables, ks, vs = quantized_paged(fmt, lens, page, kv_heads, head_dim, dtype, *scales)
+    k_cache, v_cache, tables, ks, vs = quantized_paged(fmt, lens, page, kv_heads, head_dim, dtype, *scales,
+                                                       magnitude=magnitude)  # fmt: skip
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     q = torch.randn(len(lens), kv_heads * group, head_dim, device=DEV).to(dtype)
     out = poisoned_like(q)
@@ -219,12 +222,28 @@ def test_decode_quantized_with_window_softcap_and_fp8_scales(fmt):
     assert_close(out, ref, torch.float16)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("magnitude", [1e-4, 1e2], ids=str)
+def test_decode_int_cache_of_small_and_large_rows_with_offsets(fmt, magnitude):
+    """Rows far from unit size and off zero: the kernel applies the K scales and zero points to the scores
+    (scale * q . code + zero * sum(q)) and the V scales to p, normalized by the tile's largest scale (small
+    scales times p alone would underflow float16), with the zero points' share summed beside."""
+    out, ref = decode_quant_case(fmt, 4, 128, torch.float16, 3, 16, magnitude=magnitude)
+    assert not torch.isnan(out).any()
+    err = float((out.double() - ref).norm() / ref.norm())
+    assert err <= 2e-3, f"relative error {err:.3g}"
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("arch", list(ARCHS) if ON_GPU else ["sm_70", "sm_80"], ids=str)
+@pytest.mark.parametrize("arch", list(ARCHS) if ON_GPU else ["sm_70", "sm_80", "sm_90"], ids=str)
 def test_decode_quantized_every_arch_config(fmt, arch):
+    """Every decode config of the arch (the quantized cache's, with twice the keys a tile, and the 2-byte ones)
+    over the cache; on sm_89+ the fp8 codes convert with the native instructions."""
     device = sim_device(ARCHS[arch])
     table = TABLES[arch]
-    for config in dict.fromkeys((table.decode_config(128), table.decode_deep_config(128))):
+    configs = [table.decode_config(128, quantized=True), table.decode_deep_config(128, quantized=True)]
+    configs += [table.decode_config(128), table.decode_deep_config(128)]
+    for config in dict.fromkeys(c for c in configs if c is not None):
         out, ref = decode_quant_case(fmt, 4, 128, torch.float16, 2, 16, device=device, config=config)
         assert_close(out, ref, torch.float16)
 
