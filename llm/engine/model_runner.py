@@ -75,7 +75,7 @@ def _leading_one_token_seqs(seqs: list[Sequence]) -> int:
 
 def _first_token_id(hf_config, eos_token_ids: list[int]) -> int:
     """The token a sequence usually starts with (BOS; the first EOS id where the config names no BOS), whose key
-    at position 0 int8/int4 caches subtract from every key (layers/attention.py set_key_offsets)."""
+    at position 0 an int4 cache subtracts from every key (layers/attention.py set_key_offsets)."""
     for cfg in (hf_config, hf_config.get_text_config()):
         bos = getattr(cfg, "bos_token_id", None)
         if isinstance(bos, int):
@@ -109,7 +109,7 @@ class ModelRunner:
                 kv_quant.storage_dim(self.kv_cache_dtype, attn.head_dim)
             except kv_quant.KVCacheFormatError as e:
                 raise InvalidRequestError(str(e)) from e
-        if self.kv_cache_dtype in kv_quant.LEVELS:  # every rank runs it: a forward, collective under tensor parallelism
+        if self.kv_cache_dtype == "int4":  # every rank runs it: a forward, collective under tensor parallelism
             set_key_offsets(self.model, _first_token_id(hf_config, eos_token_ids), self.uses_mrope)
         self.rope_tracks_length = any(
             isinstance(m, RotaryEmbedding) and m.needs_length_update for m in self.model.modules()

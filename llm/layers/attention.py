@@ -6,8 +6,8 @@ head_dim]` tensors that the model runner assigns after allocating the cache,
 with `kv_scales` (k_scale, v_scale) where the cache is quantized
 (kernels/attention/kv_quant.py: fp8 per-tensor scales, int8/int4 per-token scale/zero tensors).
 With an int8 or int4 cache, q, k and v are rotated by a Hadamard matrix before
-the write and the kernels and the output rotated back (`kv_quant.rotation`), and
-every key is stored less the layer's `key_offset` (`set_key_offsets`).
+the write and the kernels and the output rotated back (`kv_quant.rotation`); an
+int4 cache stores every key less the layer's `key_offset` (`set_key_offsets`).
 
 Without metadata or without a cache (a profiling or warm-up pass before the
 cache exists) the batch is attended to contiguously, causally, with no cache
@@ -63,7 +63,7 @@ class Attention(nn.Module):
         self.kv_scales: tuple = (None, None)  # the cache's (k_scale, v_scale) as its format takes them
         self._rotation: dict = {}  # dtype -> the int8/int4 caches' row rotation (kv_quant.rotation); else empty
         self._key_offset: torch.Tensor | None = None  # [kv_heads, head_dim] float32, unrotated (set_key_offsets)
-        self._rotated_offset: dict = {}  # dtype -> key_offset rotated as the int8/int4 caches store keys; else empty
+        self._rotated_offset: dict = {}  # dtype -> key_offset rotated as an int4 cache stores keys; else empty
         self._cache_memo: dict = {}  # what kernels keep per cache (TMA descriptors, stealing counters), emptied with it
 
     @property
@@ -95,8 +95,9 @@ class Attention(nn.Module):
 
     def _rotate_offset(self) -> None:
         self._rotated_offset = {}
-        if self._rotation and self._key_offset is not None:
-            off = self._key_offset.to(self._rotation[torch.float32].device) @ self._rotation[torch.float32]
+        caches, offset = self._kv_cache, self._key_offset
+        if offset is not None and caches is not None and kv_quant.cache_format(caches[0], self.head_dim) == "int4":
+            off = offset.to(self._rotation[torch.float32].device) @ self._rotation[torch.float32]
             self._rotated_offset = {dtype: off.to(dtype) for dtype in self._rotation}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -167,12 +168,14 @@ class Attention(nn.Module):
 @torch.inference_mode()
 def set_key_offsets(model: nn.Module, token_id: int, mrope: bool = False) -> None:
     """Make the key of `token_id` alone at position 0 (a sequence's usual first token: BOS) each attention layer's
-    `key_offset`, which int8 and int4 caches subtract from every key before storing it. Keys of real models share
+    `key_offset`, which an int4 cache subtracts from every key before storing it. Keys of real models share
     a large per-dimension offset (Gemma 3's first-token key holds most of it) that a per-row grid otherwise spends
     its levels on; the offset is one constant per layer and KV head, so every score of a query moves by the same
     q . m and attention is unchanged in exact arithmetic, and the stored bytes depend on no other sequence
     (prefix caching, preemption and CUDA graphs need nothing). A softcapped layer keeps no offset: tanh does not
-    commute with the shift. Runs one forward without a cache."""
+    commute with the shift. int8 caches store keys as they are: their error is already at the level where near-tied
+    logits decide greedy tokens, and with the offset they kept fewer (docs/KV_CACHE.md). Runs one forward without a
+    cache."""
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     keys = {}
