@@ -134,12 +134,13 @@ def mean_kl(model, token_ids: list[int], formats=(SIXTEEN_BIT, *QUANTIZED), chun
     """{format: {"kl": mean KL(unquantized || format), "top1": share of positions with the same argmax}} over the
     next-token distributions at every position of `token_ids` but the last, teacher-forced (module doc)."""
     from vlchat.llm.engine.context import AttentionMetadata, use_context
-    from vlchat.llm.layers.attention import Attention
+    from vlchat.llm.layers.attention import Attention, set_key_offsets
 
     device = next(model.parameters()).device
     # the first float parameter: a GGUF model kept quantized also holds uint8 blocks
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     layers = [m for m in model.modules() if isinstance(m, Attention)]
+    set_key_offsets(model, token_ids[0])  # the text's BOS, as the engine's runner does (int8/int4 use them)
     n = len(token_ids)
     caches = {f: _Caches(layers, "auto" if f == SIXTEEN_BIT else f, n, dtype, device) for f in ("auto", *formats)}
     table = torch.arange(caches["auto"].blocks, dtype=torch.int32, device=device).view(1, -1)
@@ -171,6 +172,7 @@ def mean_kl(model, token_ids: list[int], formats=(SIXTEEN_BIT, *QUANTIZED), chun
     for layer in layers:
         layer.kv_cache = None
         layer.kv_scales = (None, None)
+        layer.key_offset = None
     return {f: {"kl": kl[f] / (n - 1), "top1": top1[f] / (n - 1)} for f in formats}
 
 

@@ -26,7 +26,7 @@ from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.engine.transfer import Packed, padded_rows, round_up, to_device
 from vlchat.llm.errors import InvalidRequestError, ModelLoadError
 from vlchat.llm.inputs import MultiModalPrompt
-from vlchat.llm.layers.attention import Attention
+from vlchat.llm.layers.attention import Attention, set_key_offsets
 from vlchat.llm.parallel import agree_min
 from vlchat.llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
 from vlchat.llm.sampling_params import SamplingParams
@@ -73,6 +73,16 @@ def _leading_one_token_seqs(seqs: list[Sequence]) -> int:
     return n
 
 
+def _first_token_id(hf_config, eos_token_ids: list[int]) -> int:
+    """The token a sequence usually starts with (BOS; the first EOS id where the config names no BOS), whose key
+    at position 0 an int4 cache subtracts from every key (layers/attention.py set_key_offsets)."""
+    for cfg in (hf_config, hf_config.get_text_config()):
+        bos = getattr(cfg, "bos_token_id", None)
+        if isinstance(bos, int):
+            return bos
+    return eos_token_ids[0] if eos_token_ids else 0
+
+
 def _covers_image(seq: Sequence) -> bool:
     """Some of the sequence's tokens scheduled this step are image rows (their embeddings come from the encoder)."""
     start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
@@ -99,6 +109,8 @@ class ModelRunner:
                 kv_quant.storage_dim(self.kv_cache_dtype, attn.head_dim)
             except kv_quant.KVCacheFormatError as e:
                 raise InvalidRequestError(str(e)) from e
+        if self.kv_cache_dtype == "int4":  # every rank runs it: a forward, collective under tensor parallelism
+            set_key_offsets(self.model, _first_token_id(hf_config, eos_token_ids), self.uses_mrope)
         self.rope_tracks_length = any(
             isinstance(m, RotaryEmbedding) and m.needs_length_update for m in self.model.modules()
         )

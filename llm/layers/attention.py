@@ -6,7 +6,8 @@ head_dim]` tensors that the model runner assigns after allocating the cache,
 with `kv_scales` (k_scale, v_scale) where the cache is quantized
 (kernels/attention/kv_quant.py: fp8 per-tensor scales, int8/int4 per-token scale/zero tensors).
 With an int8 or int4 cache, q, k and v are rotated by a Hadamard matrix before
-the write and the kernels and the output rotated back (`kv_quant.rotation`).
+the write and the kernels and the output rotated back (`kv_quant.rotation`); an
+int4 cache stores every key less the layer's `key_offset` (`set_key_offsets`).
 
 Without metadata or without a cache (a profiling or warm-up pass before the
 cache exists) the batch is attended to contiguously, causally, with no cache
@@ -61,6 +62,8 @@ class Attention(nn.Module):
         self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kv_scales: tuple = (None, None)  # the cache's (k_scale, v_scale) as its format takes them
         self._rotation: dict = {}  # dtype -> the int8/int4 caches' row rotation (kv_quant.rotation); else empty
+        self._key_offset: torch.Tensor | None = None  # [kv_heads, head_dim] float32, unrotated (set_key_offsets)
+        self._rotated_offset: dict = {}  # dtype -> key_offset rotated as an int4 cache stores keys; else empty
         self._cache_memo: dict = {}  # what kernels keep per cache (TMA descriptors, stealing counters), emptied with it
 
     @property
@@ -76,6 +79,26 @@ class Attention(nn.Module):
             h = kv_quant.rotation(self.head_dim, caches[0].device)
             # made here in every float dtype, so that no step (a CUDA-graph capture included) allocates it
             self._rotation = {dtype: h.to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+        self._rotate_offset()
+
+    @property
+    def key_offset(self) -> torch.Tensor | None:
+        return self._key_offset
+
+    @key_offset.setter
+    def key_offset(self, offset: torch.Tensor | None) -> None:
+        if offset is not None and tuple(offset.shape) != (self.num_kv_heads, self.head_dim):
+            raise ValueError(f"key_offset must be [kv_heads, head_dim] = {(self.num_kv_heads, self.head_dim)}, "
+                             f"got {tuple(offset.shape)}")  # fmt: skip
+        self._key_offset = None if offset is None else offset.detach().float().clone()
+        self._rotate_offset()
+
+    def _rotate_offset(self) -> None:
+        self._rotated_offset = {}
+        caches, offset = self._kv_cache, self._key_offset
+        if offset is not None and caches is not None and kv_quant.cache_format(caches[0], self.head_dim) == "int4":
+            off = offset.to(self._rotation[torch.float32].device) @ self._rotation[torch.float32]
+            self._rotated_offset = {dtype: off.to(dtype) for dtype in self._rotation}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]
@@ -85,10 +108,14 @@ class Attention(nn.Module):
         if not self._rotation:
             return self._paged(q, k, v, ctx)
         # int8/int4 caches store rows rotated by H (kv_quant.rotation): q @ H / n . k @ H = q . k, and the output
-        # of the rotated values comes back through H / n
+        # of the rotated values comes back through H / n. Keys are stored less the offset m: q . (k - m) shifts all
+        # of a query's scores by q . m, which softmax cancels (set_key_offsets)
         h = self._rotation[q.dtype]
         inv_n = 1.0 / kv_quant.hadamard_block(self.head_dim)
-        return self._paged((q @ h) * inv_n, k @ h, v @ h, ctx) @ h * inv_n
+        k = k @ h
+        if self._rotated_offset:
+            k = k - self._rotated_offset[q.dtype]
+        return self._paged((q @ h) * inv_n, k, v @ h, ctx) @ h * inv_n
 
     def _paged(self, q, k, v, ctx) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache
@@ -136,6 +163,35 @@ class Attention(nn.Module):
             cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=q.device)
             max_seqlen = tokens
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, self.scale, causal=True)
+
+
+@torch.inference_mode()
+def set_key_offsets(model: nn.Module, token_id: int, mrope: bool = False) -> None:
+    """Make the key of `token_id` alone at position 0 (a sequence's usual first token: BOS) each attention layer's
+    `key_offset`, which an int4 cache subtracts from every key before storing it. Keys of real models share
+    a large per-dimension offset (Gemma 3's first-token key holds most of it) that a per-row grid otherwise spends
+    its levels on; the offset is one constant per layer and KV head, so every score of a query moves by the same
+    q . m and attention is unchanged in exact arithmetic, and the stored bytes depend on no other sequence
+    (prefix caching, preemption and CUDA graphs need nothing). A softcapped layer keeps no offset: tanh does not
+    commute with the shift. int8 caches store keys as they are: their error is already at the level where near-tied
+    logits decide greedy tokens, and with the offset they kept fewer (docs/KV_CACHE.md). Runs one forward without a
+    cache."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    keys = {}
+
+    def record(mod, args):  # args: (q, k, v); returns None, so the call goes on unchanged
+        keys[mod] = args[1][0]
+
+    hooks = [a.register_forward_pre_hook(record) for a in layers]
+    try:
+        positions = torch.zeros((3, 1) if mrope else (1,), dtype=torch.long, device=device)
+        model(torch.tensor([token_id], device=device), positions)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for a in layers:
+        a.key_offset = None if a.softcap else keys[a]
 
 
 def _rows(k, v, k_cache):

@@ -366,7 +366,7 @@ def test_quantized_kv_cache_tokens_do_not_depend_on_scheduling(make_llm, prompts
 def test_kv_cache_dtype_sizes_the_pool_by_bytes_per_token(model_dir):
     """The same cpu_cache_gb holds four times the blocks in fp8 as in this model's fp32, in int8 and int4 as many as
     their codes and float32 scale/zero pairs per token and head allow; the model runner's caches are in the chosen
-    format."""
+    format, and int4 layers store keys less a key offset (llm/layers/attention.py set_key_offsets)."""
     from vlchat.kernels.attention import kv_quant
     from vlchat.llm.config import KV_CACHE_DTYPES
 
@@ -380,6 +380,7 @@ def test_kv_cache_dtype_sizes_the_pool_by_bytes_per_token(model_dir):
         assert k_cache.dtype == kv_quant.storage_dtype(name, torch.float32)
         assert llm.engine.kv_cache_tokens == runner.num_blocks * 4
         head_dim = runner.attn_layers[0].head_dim
+        assert all((a.key_offset is not None) == (name == "int4") for a in runner.attn_layers)
         llm.close()
     assert blocks["fp8"] == pytest.approx(4 * blocks["auto"], rel=0.01)
     assert blocks["int8"] == pytest.approx(blocks["auto"] * 4 * head_dim / (head_dim + 8), rel=0.01)

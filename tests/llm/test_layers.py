@@ -281,3 +281,67 @@ def test_integer_caches_hold_rotated_rows_and_the_layer_rotates_back(fmt):
     raw_err = (naive_attention(q, raw_grid(k), raw_grid(v), scale) - ref).norm() / ref.norm()
     assert rotated_err < 0.5 * raw_err
     assert rotated_err < {"int8": 0.01, "int4": 0.2}[fmt]
+
+
+@pytest.mark.parametrize("sliding_window", [None, 7], ids=["full", "window7"])
+def test_an_int4_cache_stores_keys_less_the_key_offset_and_attention_is_unchanged(sliding_window):
+    """Keys sharing a large per-dimension offset (as real models' do): with the first key as the layer's key_offset
+    an int4 cache holds each key less it (the first row exactly zero), the output is still attention over the keys
+    as they are (every score of a query moves by q . m), and its error is well under that of the same cache without
+    the offset, whose per-row grid spends its levels on the shared offset. An int8 cache ignores the offset."""
+    from vlchat.kernels.attention import kv_quant
+    from vlchat.llm.layers.attention import set_key_offsets
+
+    fmt = "int4"
+    torch.manual_seed(1)
+    n, head_dim = 24, 64
+    q = torch.randn(n, HEADS, head_dim)
+    k = 6.0 * torch.randn(1, KV_HEADS, head_dim) + torch.randn(n, KV_HEADS, head_dim)
+    v = torch.randn(n, KV_HEADS, head_dim)
+    scale = head_dim**-0.5
+    ref = naive_attention(q, k, v, scale, sliding_window)
+    outs = {}
+    for offset in (False, True):
+        layer = _OneLayer(Attention(HEADS, head_dim, scale, KV_HEADS, sliding_window=sliding_window), q, k, v)
+        if offset:
+            set_key_offsets(layer, 0)  # token 0: row 0 of q/k/v
+            torch.testing.assert_close(layer.attn.key_offset, k[0])
+        cache = PagedCache(layer, num_blocks=8, block_size=4)
+        k_cache, v_cache, ks, vs = kv_quant.allocate(fmt, 8, 4, KV_HEADS, head_dim, torch.float32, "cpu")
+        layer.attn.kv_scales = (ks, vs)
+        layer.attn.kv_cache = (k_cache, v_cache)
+        rows = list(range(n))
+        outs[offset] = torch.cat([cache.step(layer, [(0, rows[:10])]), cache.step(layer, [(0, rows[10:])])])
+    table = cache.tables[0]
+    stored = kv_quant.dequantize(k_cache[table], ks[table], fmt=fmt).reshape(-1, KV_HEADS, head_dim)[:n]
+    want = (k - k[0]) @ kv_quant.rotation(head_dim)
+    step = want.amax(-1, keepdim=True) - want.amin(-1, keepdim=True)
+    assert ((stored - want).abs() <= step / kv_quant.LEVELS[fmt] / 2 + 1e-4).all()
+    assert (stored[0] == 0).all()
+    err = {offset: float((out - ref).norm() / ref.norm()) for offset, out in outs.items()}
+    assert err[True] < 0.5 * err[False], err
+    assert err[True] < 0.2, err
+
+    layer = _OneLayer(Attention(HEADS, head_dim, scale, KV_HEADS), q, k, v)
+    set_key_offsets(layer, 0)
+    cache = PagedCache(layer, num_blocks=8, block_size=4)
+    k_cache, v_cache, ks, vs = kv_quant.allocate("int8", 8, 4, KV_HEADS, head_dim, torch.float32, "cpu")
+    layer.attn.kv_scales = (ks, vs)
+    layer.attn.kv_cache = (k_cache, v_cache)
+    cache.step(layer, [(0, list(range(n)))])
+    stored = kv_quant.dequantize(k_cache[cache.tables[0]], ks[cache.tables[0]]).reshape(-1, KV_HEADS, head_dim)[:n]
+    kh = k @ kv_quant.rotation(head_dim)
+    assert ((stored - kh).abs() <= (kh.amax(-1, keepdim=True) - kh.amin(-1, keepdim=True)) / 510 + 1e-4).all()
+
+
+def test_set_key_offsets_takes_the_token_s_key_at_position_0_and_skips_softcapped_layers():
+    from vlchat.llm.layers.attention import set_key_offsets
+
+    torch.manual_seed(2)
+    q, k, v = torch.randn(5, HEADS, HEAD_DIM), torch.randn(5, KV_HEADS, HEAD_DIM), torch.randn(5, KV_HEADS, HEAD_DIM)
+    plain = _OneLayer(Attention(HEADS, HEAD_DIM, 1.0, KV_HEADS), q, k, v)
+    set_key_offsets(plain, 3)
+    torch.testing.assert_close(plain.attn.key_offset, k[3])
+    capped = _OneLayer(Attention(HEADS, HEAD_DIM, 1.0, KV_HEADS, softcap=2.0), q, k, v)
+    set_key_offsets(capped, 3)
+    assert capped.attn.key_offset is None
