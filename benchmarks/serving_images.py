@@ -79,8 +79,8 @@ def image_table(summary: dict) -> str:
                      f"{fmt(s['median_ms'], '.2f')} / {fmt(s['median_launch_ms'], '.2f')} ({s['steps']}, "
                      f"{fmt(s['median_batch'], '.0f')})"))  # fmt: skip
     same = steps["same_batch"]
-    ratios = f"{fmt(same['wall_ratio'], '.2f')}x / {fmt(same['launch_ratio'], '.2f')}x ({same['steps']})"
-    rows.append(("decode step wall / launch while preprocessing, vs the same batch otherwise (steps)", ratios))
+    ratios = f"{fmt(same['wall_ratio'], '.2f')} / {fmt(same['launch_ratio'], '.2f')} ({same['steps']})"
+    rows.append(("decode step wall / launch while preprocessing over the same batch otherwise (steps)", ratios))
     return "\n".join(["| vlchat engine, images | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
 
 
