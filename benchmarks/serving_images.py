@@ -5,8 +5,10 @@
   seconds of it that ran on the engine thread (which then could not step);
 - the vision tower's share of engine step time: device time of `embed_multimodal` over device time of the
   engine's step launches (CUDA events around each, read after the run; wall clock on a CPU);
-- the engine thread's wall time per decode-only step while image preprocessing runs in worker threads
-  against while none runs (preprocessing threads contend with the engine thread for the GIL).
+- the engine thread's time per decode-only step while image preprocessing runs in worker threads against
+  while none runs (preprocessing threads contend with the engine thread for the GIL): the step's wall time and
+  the host time of its launch (building the inputs and queuing the forward; waits on the device only where
+  something syncs), also as the median ratio of each busy step to the quiet steps of the same batch size.
 
 `bench_transformers_generate` is the peer: transformers' `generate` on batches of the same requests with
 their images (every row runs to the batch's longest completion; tokens timed by a streamer).
@@ -73,8 +75,12 @@ def image_table(summary: dict) -> str:
     ]  # fmt: skip
     for key, label in (("with_preprocessing", "while preprocessing"), ("without_preprocessing", "otherwise")):
         s = steps[key]
-        rows.append((f"decode step wall ms {label} (steps, median batch)",
-                     f"{fmt(s['median_ms'], '.2f')} ({s['steps']}, {fmt(s['median_batch'], '.0f')})"))  # fmt: skip
+        rows.append((f"decode step wall / launch ms {label} (steps, median batch)",
+                     f"{fmt(s['median_ms'], '.2f')} / {fmt(s['median_launch_ms'], '.2f')} ({s['steps']}, "
+                     f"{fmt(s['median_batch'], '.0f')})"))  # fmt: skip
+    same = steps["same_batch"]
+    ratios = f"{fmt(same['wall_ratio'], '.2f')} / {fmt(same['launch_ratio'], '.2f')} ({same['steps']})"
+    rows.append(("decode step wall / launch while preprocessing over the same batch otherwise (steps)", ratios))
     return "\n".join(["| vlchat engine, images | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
 
 
@@ -111,6 +117,19 @@ def _median(values) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
+def _same_batch_ratios(decode: list[tuple[float, bool, int, float]]) -> dict:
+    """Median over decode steps taken while preprocessing ran of (their wall / launch time) over the median of
+    the quiet steps of the same batch size: the slowdown itself, where the plain medians also differ in batch."""
+    quiet: dict[int, list] = {}
+    for wall, busy, batch, launch in decode:
+        if not busy:
+            quiet.setdefault(batch, []).append((wall, launch))
+    base = {b: (np.median([w for w, _ in rows]), np.median([h for _, h in rows])) for b, rows in quiet.items()}
+    matched = [(w / base[b][0], h / base[b][1]) for w, busy, b, h in decode if busy and b in base]
+    return {"steps": len(matched), "wall_ratio": _median([w for w, _ in matched]),
+            "launch_ratio": _median([h for _, h in matched])}  # fmt: skip
+
+
 class EngineProbe:
     def __init__(self, async_engine) -> None:
         engine = async_engine.engine
@@ -144,15 +163,16 @@ class EngineProbe:
             with self._lock:
                 busy = busy or self._active > 0 or self._started != started
             if self._decode_only is not None:
-                self.steps.append((wall, busy, self._decode_only))
+                self.steps.append((wall, busy, self._decode_only, self._launch_s))
             return out
 
-        def launch(seqs):
+        def launch(seqs, *args, **kwargs):
             self._decode_only = all(s.num_new_tokens == 1 for s in seqs) and len(seqs)
-            begun = self.step_time.start()
+            begun, t0 = self.step_time.start(), time.perf_counter()
             try:
-                return real_launch(seqs)
+                return real_launch(seqs, *args, **kwargs)
             finally:
+                self._launch_s = time.perf_counter() - t0
                 self.step_time.stop(begun)
 
         def embed_multimodal(datas):
@@ -176,21 +196,24 @@ class EngineProbe:
         """Forget what was measured (the warm-up's)."""
         with self._lock:
             self.preprocess: list[tuple[str, float]] = []  # (thread name, seconds) per processor call
-            self.steps: list[tuple[float, bool, int]] = []  # (wall s, preprocessing in flight, batch or 0)
+            # (wall s, preprocessing in flight, batch or 0, launch host s)
+            self.steps: list[tuple[float, bool, int, float]] = []
             self._active = self._started = 0
-        self._decode_only = None
+        self._decode_only, self._launch_s = None, 0.0
         self.step_time, self.vision_time, self.images = _Timer(), _Timer(), 0
 
     def summary(self) -> dict:
         seconds = [s for _, s in self.preprocess]
         on_engine = sum(s for name, s in self.preprocess if name == ENGINE_THREAD)
         step_ms, vision_ms = self.step_time.total_ms(), self.vision_time.total_ms()
-        decode = [(w, busy, b) for w, busy, b in self.steps if b]
+        decode = [step for step in self.steps if step[2]]
         split = {}
         for key, busy in (("with_preprocessing", True), ("without_preprocessing", False)):
-            rows = [(w, b) for w, bz, b in decode if bz == busy]
-            split[key] = {"steps": len(rows), "median_ms": _median([1e3 * w for w, _ in rows]),
-                          "median_batch": _median([b for _, b in rows])}  # fmt: skip
+            rows = [(w, b, h) for w, bz, b, h in decode if bz == busy]
+            split[key] = {"steps": len(rows), "median_ms": _median([1e3 * w for w, _, _ in rows]),
+                          "median_launch_ms": _median([1e3 * h for _, _, h in rows]),
+                          "median_batch": _median([b for _, b, _ in rows])}  # fmt: skip
+        split["same_batch"] = _same_batch_ratios(decode)
         return {
             "preprocess": {
                 "calls": len(seconds),

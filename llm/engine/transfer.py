@@ -26,9 +26,15 @@ def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         host = torch.from_numpy(data).to(dtype)
     else:
         host = torch.tensor(data, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return tensor_to_device(host, device)
+
+
+def tensor_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t.to(device)`; a host tensor bound for a GPU is staged through pinned memory, so the copy queues behind the
+    stream's work instead of waiting for it (image pixels copied while the previous step runs)."""
+    if device.type != "cuda" or t.is_cuda:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.vision.tiny_vlm import make_tiny_llava
+from tests.vision.tiny_vlm import make_tiny_llava, make_tiny_qwen_vl
 from vlchat.llm import AsyncEngine, SamplingParams
 
 ENGINE_THREAD = "vlchat-engine"
+MODELS = {"llava": make_tiny_llava, "qwen2.5-vl": lambda path: make_tiny_qwen_vl(path, "2.5")}
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    model_dir = make_tiny_llava(tmp_path_factory.mktemp("async-images"))
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def engine(request, tmp_path_factory):
+    model_dir = MODELS[request.param](tmp_path_factory.mktemp("async-images"))
     engine = AsyncEngine.from_options(str(model_dir), dtype="float32", device="cpu", num_blocks=64, block_size=4)
     yield engine
     engine.shutdown()

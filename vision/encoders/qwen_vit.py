@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.llm.weights import WeightRule, load_tensors
 from vlchat.vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
 from vlchat.vision.weights import FUSED_RULES, packed_rule
@@ -137,8 +138,9 @@ class QwenVisionTransformer(nn.Module):
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv3d(cfg.in_channels, cfg.dim, kernel, kernel, bias=False)
         half = cfg.head_dim // 2
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # a host tensor, not a buffer: `plan` builds the rotary table on the host, and reading a device copy back
+        # would wait for the step running on the device
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float, device="cpu") / half))
         self.blocks = nn.ModuleList(QwenViTBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg)
 
@@ -152,7 +154,7 @@ class QwenVisionTransformer(nn.Module):
         cfg = self.cfg
         grids = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
         pos = rotary_positions(grids, cfg.spatial_merge_size)  # [N, 2]
-        freqs = (pos[..., None].float() * self.inv_freq.cpu()).flatten(1)  # [N, head_dim / 2]: h then w
+        freqs = (pos[..., None].float() * self.inv_freq).flatten(1)  # [N, head_dim / 2]: h then w
         table = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [N, head_dim]
         cu_full, max_full = full_cu_seqlens(grids, device)
         if not cfg.window_size:
@@ -162,9 +164,9 @@ class QwenVisionTransformer(nn.Module):
             unit = cfg.spatial_merge_size**2
             order, cu_win, max_win = window_index(grids, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
             table = table.view(-1, unit, table.shape[-1])[order].view(-1, table.shape[-1])
-            order, reverse, cu_win = order.to(device), torch.argsort(order).to(device), cu_win.to(device)
+            order, reverse, cu_win = (tensor_to_device(t, device) for t in (order, torch.argsort(order), cu_win))
         rows = torch.arange(table.shape[0], device=device)
-        return VisionPlan(rows, table.to(device), cu_full, max_full, order, reverse, cu_win, max_win)
+        return VisionPlan(rows, tensor_to_device(table, device), cu_full, max_full, order, reverse, cu_win, max_win)
 
     def encode(self, pixel_values, rows, table, cu_full, order=None, reverse=None, cu_win=None, *, max_full, max_win):
         """The device part of the forward (capturable in a CUDA graph for one set of grids)."""

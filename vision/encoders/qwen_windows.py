@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from vlchat.llm.engine.transfer import tensor_to_device
+
 Grid = tuple[int, int, int]  # (t, h, w) in patches
 
 
@@ -28,7 +30,7 @@ def full_cu_seqlens(grids: list[Grid], device: torch.device) -> tuple[torch.Tens
     """One attention segment per frame: ([segments + 1] int32, longest segment)."""
     lengths = [h * w for t, h, w in grids for _ in range(t)]
     cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return cu.to(device), max(lengths)
+    return tensor_to_device(cu, device), max(lengths)
 
 
 def window_index(grids: list[Grid], merge: int, window_size: int, patch_size: int) -> tuple[torch.Tensor, ...]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlchat.llm.engine.context import get_context
+from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.llm.layers.attention import Attention
 from vlchat.llm.weights import WeightRule
 from vlchat.vision.encoders.clip import ClipVisionConfig, ClipVisionTower
@@ -129,7 +130,7 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         pixels = torch.cat([d["pixel_values"] for d in datas])
-        pixels = pixels.to(self.vision_tower.embeddings.patch_embedding.weight.device)
+        pixels = tensor_to_device(pixels, self.vision_tower.embeddings.patch_embedding.weight.device)
         return list(self.run_vision(tuple(pixels.shape), self.image_features, pixels).unbind(0))
 
     def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:

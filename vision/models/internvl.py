@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.vision.encoders.intern_vit import InternViT, InternViTConfig, pixel_shuffle
 from vlchat.vision.models.base import VisionLanguageModel
 from vlchat.vision.models.llava import LLAVA_LAYOUT
@@ -42,7 +43,7 @@ class InternVLForConditionalGeneration(VisionLanguageModel):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         device = self.vision_tower.projection.weight.device
-        pixels = torch.cat([d["pixel_values"] for d in datas]).to(device)
+        pixels = tensor_to_device(torch.cat([d["pixel_values"] for d in datas]), device)
         feats = self.run_vision(tuple(pixels.shape), self.tile_features, pixels)  # [all tiles, tokens, hidden]
         per_image = feats.split([d["pixel_values"].shape[0] for d in datas])
         return [f.reshape(-1, f.shape[-1]) for f in per_image]

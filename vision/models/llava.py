@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.llm.weights import WeightRule
 from vlchat.vision.encoders.clip import ClipVisionConfig, ClipVisionTower
 from vlchat.vision.models.base import VisionLanguageModel
@@ -53,7 +54,7 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         pixels = torch.cat([d["pixel_values"] for d in datas])
-        pixels = pixels.to(self.vision_tower.embeddings.patch_embedding.weight.device)
+        pixels = tensor_to_device(pixels, self.vision_tower.embeddings.patch_embedding.weight.device)
         feats = self.run_vision(tuple(pixels.shape), self.image_features, pixels)  # [images, tokens, hidden]
         return list(feats.unbind(0))
 

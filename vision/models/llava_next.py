@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.vision.models.llava import LlavaForConditionalGeneration
 from vlchat.vision.processing import image_runs
 
@@ -65,7 +66,7 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         pixels = torch.cat([d["pixel_values"] for d in datas])
-        pixels = pixels.to(self.image_newline.device)
+        pixels = tensor_to_device(pixels, self.image_newline.device)
         feats = self.run_vision(tuple(pixels.shape), self.image_features, pixels)  # [all tiles, tokens, hidden]
         per_image = feats.split([d["pixel_values"].shape[0] for d in datas])
         return [self.pack(f, tuple(d["image_sizes"].view(-1).tolist())) for f, d in zip(per_image, datas, strict=True)]

@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.llm.rope import rope_parameters_from_config
 from vlchat.llm.weights import WeightRule
 from vlchat.vision.encoders.qwen_vit import QwenVisionTransformer, QwenViTConfig
@@ -50,7 +51,7 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
 
     def embed_multimodal(self, datas: list[dict]) -> list[torch.Tensor]:
         device = self.visual.patch_embed.proj.weight.device
-        pixels = torch.cat([d["pixel_values"] for d in datas]).to(device)
+        pixels = tensor_to_device(torch.cat([d["pixel_values"] for d in datas]), device)
         grids = torch.cat([d["image_grid_thw"] for d in datas])
         plan = self.visual.plan(grids, device)
         encode = functools.partial(self.visual.encode, max_full=plan.max_full, max_win=plan.max_win)
