@@ -85,9 +85,10 @@ def test_offline_generate_names_the_failed_request(model_dir):
 REGEX = "[a-z]{1,6}( [a-z]{1,6}){0,3}"
 
 
-async def test_grammar_rows_under_async_scheduling_survive_a_poison_request(model_dir, monkeypatch):
+def test_grammar_rows_under_async_scheduling_survive_a_poison_request(model_dir, monkeypatch):
     """With async scheduling a batch with grammar rows samples only after the token in flight reached their matchers;
-    when that sampling fails the step reruns in parts, and the grammar rows still draw what they drew without it."""
+    when that sampling fails the step reruns in parts, and the grammar rows still draw what they drew without it.
+    The engine is stepped here (not the AsyncEngine's thread) so the step the poison joins is chosen, not raced."""
     import re
 
     from vlchat.llm import StructuredOutputParams
@@ -101,26 +102,39 @@ async def test_grammar_rows_under_async_scheduling_survive_a_poison_request(mode
         return isolated(runner, seqs, error)
 
     monkeypatch.setattr(engine_module, "launch_isolated", spy)
-    config = EngineConfig.from_options(str(model_dir), dtype="float32", device="cpu", num_blocks=NUM_BLOCKS,
-                                       block_size=4, async_scheduling=True)  # fmt: skip
-    engine = AsyncEngine.from_config(config)
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_blocks=NUM_BLOCKS, block_size=4, async_scheduling=True)
+    engine = llm.engine
+    constrained = SamplingParams(temperature=1.0, seed=7, max_tokens=24,
+                                 structured_output=StructuredOutputParams(regex=REGEX))  # fmt: skip
+    streams = [(PROMPTS[i % len(PROMPTS)], constrained if i % 2 else stream_params(i)) for i in range(6)]
+
+    def finish(poison_step: int | None) -> tuple[list, list]:
+        for i, (prompt, params) in enumerate(streams):
+            engine.add_request(f"s{poison_step}-{i}", prompt, params, stream=False)
+        final, failures, steps = {}, [], 0
+        while engine.has_unfinished():
+            if steps == poison_step:  # joins the others' decoding: its step's sampling is the deferred one
+                engine.add_request(f"poison-{poison_step}", PROMPTS[0], poison(), stream=False)
+            final.update({out.request_id: out for out in engine.step() if out.finished})
+            failures += engine.take_failures()
+            steps += 1
+        outputs = [final[f"s{poison_step}-{i}"].outputs for i in range(len(streams))]
+        return [[(c.index, c.token_ids, c.text) for c in sorted(o, key=lambda c: c.index)] for o in outputs], failures
+
     try:
-        constrained = SamplingParams(temperature=1.0, seed=7, max_tokens=24,
-                                     structured_output=StructuredOutputParams(regex=REGEX))  # fmt: skip
-        streams = [(PROMPTS[i % len(PROMPTS)], constrained if i % 2 else stream_params(i)) for i in range(6)]
-        clean = await asyncio.wait_for(
-            asyncio.gather(*(run(engine, f"clean-{i}", p, sp) for i, (p, sp) in enumerate(streams))), 120
-        )
-        # the poison joins once the others decode: its step's sampling is the deferred one that fails
-        tasks = [run(engine, f"mixed-{i}", p, sp) for i, (p, sp) in enumerate(streams)]
-        tasks.append(run(engine, "poison", PROMPTS[0], poison()))
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120)
-        assert isinstance(results[-1], RequestFailedError), results[-1]
-        assert any(rerun_with_grammars)
-        assert results[:-1] == clean
+        clean, failures = finish(None)
+        assert not failures
         for i, result in enumerate(clean):
             if i % 2:
                 assert re.fullmatch(REGEX, result[0][2]) or len(result[0][1]) == 24, result
-        assert engine.num_free_blocks() == NUM_BLOCKS and not engine.engine.requests
+        exercised = {}
+        for poison_step in range(1, 5):
+            rerun_with_grammars.clear()
+            results, failures = finish(poison_step)
+            exercised[poison_step] = any(rerun_with_grammars)
+            assert [f.request_id for f in failures] == [f"poison-{poison_step}"], failures
+            assert results == clean, poison_step
+            assert engine.num_free_blocks() == NUM_BLOCKS and not engine.requests
+        assert all(exercised.values()), exercised  # each poison failed in a step whose grammar rows were rerun
     finally:
-        engine.shutdown()
+        llm.close()
