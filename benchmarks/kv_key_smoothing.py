@@ -18,6 +18,13 @@ dimension) and multiply the queries by it (q * s . (k - m) / s = q . (k - m)); "
 less their first-block mean / first row and add it back to the output (the softmax weights sum to 1);
 "base-rows" stores rows 1.. of each block as differences from the block's first row as stored (branch kvq2);
 "sink-exact" keeps position 0's K and V rows unquantized (how much the attention sink's error weighs).
+Page-wise key grids ("page-kivi", "page-online"; keys not rotated, values as in the other rows): each key dimension
+gets its own scale and zero over the rows of one block (KIVI's key layout). "page-kivi" keeps a block's keys exact
+until the block is full, then quantizes all its rows at once (KIVI's unquantized residual); "page-online" has no
+exact residual: every write widens the block's per-dimension range to cover the new rows and re-quantizes the
+rows already stored onto the widened grid (what a write kernel could do in place). With "+sink" position 0's
+K and V rows are kept exact and its key stays out of its block's range (for sequences that start with BOS that row
+is one constant per layer, as the key offset is).
 
 Greedy and KL are measured as in benchmarks/kv_cache_fidelity.py (same prompts, text and chunking), against the
 unquantized cache of the same run. Writes kv_key_smoothing_<cpu>.json and .md under --out.
@@ -52,6 +59,11 @@ VARIANTS = {
     "smooth+v-smooth": ("smooth", "smooth", False),
     "smooth, keys only": ("smooth", "none", False),
     "rowwise, keys only": ("rowwise", "none", False),
+    "page-kivi": ("page-kivi", "rowwise", False),
+    "page-online": ("page-online", "rowwise", False),
+    "page-kivi+sink": ("page-kivi", "rowwise", False, True),
+    "page-online+sink": ("page-online", "rowwise", False, True),
+    "page-online+sink keys-only": ("page-online", "none", False, True),
 }
 
 
@@ -71,6 +83,52 @@ class Layout:
         self.fmt, self.key, self.value, self.base_rows, self.sink = fmt, key, value, base_rows, sink
         self.stats: dict = {}  # (layer, first block id) -> (m, s) [kv_heads, d]
         self.bases: dict = {}  # (layer, kind) -> [blocks, kv_heads, d] stored base rows
+        self.pages: dict = {}  # (layer, block) -> page-wise key state (page_keys)
+
+    def page_keys(self, layer, x: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, exact=()) -> torch.Tensor:
+        """Keys x [tokens, kv_heads, d] as a page-wise per-dimension grid gives them back; rows stored earlier in
+        a block that this write re-quantizes are rewritten in `cache` [blocks, BLOCK, kv_heads, d] (module doc);
+        rows `exact` (indices into x) stay out of their block's grid."""
+        from vlchat.kernels.attention.kv_quant import LEVELS
+
+        levels = LEVELS[self.fmt]
+        out = x.clone()
+        slots = slots.tolist()
+        by_block: dict = {}
+        for i, slot in enumerate(slots):
+            if slot >= 0 and i not in exact:
+                by_block.setdefault(slot // BLOCK, []).append((slot % BLOCK, i))
+        for block, entries in by_block.items():
+            state = self.pages.get((layer, block))
+            if state is None or entries[0][0] == 0 or entries[0][0] in state["rows"]:  # a fresh (or reused) block
+                state = self.pages[(layer, block)] = {"rows": {}, "lo": None, "hi": None, "first": entries[0][0]}
+            rows = state["rows"]  # offset in block -> exact row
+            for j, i in entries:
+                rows[j] = x[i]
+            exact = torch.stack([rows[j] for j in sorted(rows)])  # [n, heads, d]
+            if self.key == "page-kivi":
+                if len(rows) < BLOCK - state["first"]:
+                    continue  # the residual stays exact until the block is full
+                lo, hi = exact.amin(0), exact.amax(0)
+            else:
+                lo, hi = exact.amin(0), exact.amax(0)
+                if state["lo"] is not None:
+                    lo, hi = torch.minimum(lo, state["lo"]), torch.maximum(hi, state["hi"])
+                state["lo"], state["hi"] = lo, hi
+            scale = ((hi - lo) / levels).clamp_min(1e-12)
+
+            new = {j for j, _ in entries}
+            for j in sorted(rows):
+                if self.key == "page-online" and j not in new:  # stored as quantized before; widened grid
+                    rows[j] = _grid(rows[j], lo, scale, levels)
+                    cache[block, j] = rows[j]
+                elif self.key == "page-kivi" and j not in new:
+                    cache[block, j] = _grid(rows[j], lo, scale, levels)
+            for j, i in entries:
+                out[i] = _grid(x[i], lo, scale, levels)
+                if self.key == "page-online":
+                    rows[j] = out[i]
+        return out
 
     def rows(self, layer, x: torch.Tensor, slots: torch.Tensor, kind: str, fmt_of) -> torch.Tensor:
         """Rows x [tokens, kv_heads, d] (already transformed) as stored by a per-row grid, with base rows where
@@ -89,6 +147,11 @@ class Layout:
         b = bases[slots[rest] // BLOCK]
         out[rest] = fake_quant(x[rest] - b, fmt_of) + b
         return out
+
+
+def _grid(v: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
+    """v on the per-dimension grid lo + scale * [0, levels]."""
+    return lo + torch.floor((v - lo) / scale + 0.5).clamp(0, levels) * scale
 
 
 def sequences(ctx, tokens: int):
@@ -142,7 +205,7 @@ def simulated(layout: Layout):
                 mv = v32[lo] if layout.value == "smooth0" else v32[lo : lo + n].mean(0)
                 layout.stats[(id(self), block0)] = (m, s, mv)
             m, s, mv = layout.stats[(id(self), block0)]
-            if layout.key != "rowwise":
+            if layout.key != "rowwise" and not layout.key.startswith("page"):
                 rows = rows - m
                 if s is not None:
                     rows = rows / s
@@ -152,7 +215,10 @@ def simulated(layout: Layout):
                 vm[lo:hi] = mv
             if start == 0 and layout.sink:
                 sink.append(lo)
-        kr = layout.rows(id(self), kq @ h, ctx.slot_mapping, "k", layout.fmt) @ h * inv_n
+        if layout.key.startswith("page"):
+            kr = layout.page_keys(id(self), kq, ctx.slot_mapping, self.kv_cache[0], set(sink))
+        else:
+            kr = layout.rows(id(self), kq @ h, ctx.slot_mapping, "k", layout.fmt) @ h * inv_n
         kr[sink] = kq[sink]
         vr = v
         if layout.value != "none":  # values less their mean, the mean added back (softmax weights sum to 1)
@@ -250,6 +316,7 @@ def main() -> None:
     for (fmt, name), lay in layouts.items():
         lay.stats.clear()
         lay.bases.clear()
+        lay.pages.clear()
         with simulated(lay):
             got = greedy_tokens(path, "auto", "cpu")
         diffs = [first_difference(a, b) for a, b in zip(base, got, strict=True)]
