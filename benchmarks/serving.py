@@ -76,6 +76,7 @@ def bench_vlchat(model_dir, requests, arrivals, args) -> tuple[list, float, dict
     engine = AsyncEngine.from_options(str(model_dir), dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                       max_num_batched_tokens=args.max_num_batched_tokens,
                                       enforce_eager=args.enforce_eager, prefill_delay_steps=args.prefill_delay_steps,
+                                      piecewise_graph_tokens=args.piecewise_graph_tokens,
                                       tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
                                       kv_cache_dtype=args.kv_cache_dtype,
                                       load_format="auto" if args.model else "dummy")  # fmt: skip
@@ -276,6 +277,8 @@ def main(argv=None) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vlchat backend: GPUs the model is sharded over")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--piecewise-graph-tokens", type=int, default=1024,
+                   help="prefill/mixed steps up to this many tokens replay graphs in pieces (0: eager)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8", "int4"])
     p.add_argument("--quantization", choices=("fp8",), default=None, help="vlchat: quantize the model at load")
     p.add_argument("--prefill-delay-steps", type=int, default=None,

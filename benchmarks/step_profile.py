@@ -129,12 +129,14 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
     """Where a step's time goes at `batch` running sequences: GPU kernel time vs the rest (host work:
     scheduling, batch building, launches, sampling, detokenizing), from torch.profiler. Two cases: pure
     decode steps (CUDA graphs) and steps that also prefill a 256-token chunk of a newly arrived request
-    (eager), which is what most serving steps look like under continuous arrivals."""
+    (piecewise graphs, or eager with args.piecewise_graph_tokens 0), which is what most serving steps look like
+    under continuous arrivals."""
     from vlchat.llm import LLM, SamplingParams
 
     random = contextlib.nullcontext() if args.model else random_model.random_weights()
     with random:
         llm = LLM(str(model_dir), dtype=args.dtype, max_num_seqs=batch + 1, enforce_eager=args.enforce_eager,
+                  piecewise_graph_tokens=getattr(args, "piecewise_graph_tokens", 1024),
                   prefill_delay_steps=0,  # the mixed-step profile prefills each arrival in its own step
                   max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     engine = llm.engine

@@ -114,6 +114,8 @@ class EngineConfig:
         device: "auto" picks CUDA when present.
         max_model_len: context limit; default from the config and its RoPE scaling.
         enforce_eager: never capture CUDA graphs.
+        piecewise_graph_tokens: prefill and mixed steps of up to this many tokens (without image rows) replay
+            CUDA graphs in pieces between the attention calls (llm/engine/piecewise.py); 0: they run eagerly.
         async_scheduling: schedule and launch step N+1 before step N's tokens reach the host
             (decode rows take their input token from the device), so the GPU does not wait for
             the host between steps. A sequence whose in-flight token may end it costs one wasted
@@ -141,6 +143,7 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int | None = None
     enforce_eager: bool = False
+    piecewise_graph_tokens: int = 1024
     async_scheduling: bool | None = None
     kernel_backend: str | None = None
     quantization: str | None = None
@@ -167,6 +170,8 @@ class EngineConfig:
                f"max_model_len must be >= 1, got {self.max_model_len}")  # fmt: skip
         _check(self.load_format in LOAD_FORMATS, f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         _check(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        _check(self.piecewise_graph_tokens >= 0,
+               f"piecewise_graph_tokens must be >= 0, got {self.piecewise_graph_tokens}")  # fmt: skip
         if self.tp_listen is not None:
             host, sep, port = self.tp_listen.rpartition(":")
             _check(bool(sep and host and port.isdigit()), f"tp_listen must be HOST:PORT, got {self.tp_listen!r}")

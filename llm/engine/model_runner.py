@@ -21,13 +21,14 @@ from vlchat.kernels.device import device_for, get_device_info
 from vlchat.llm.config import EngineConfig
 from vlchat.llm.engine.context import AttentionMetadata, DecodePlan, reset_context, use_context
 from vlchat.llm.engine.cuda_graphs import DecodeGraphs, batch_buckets, context_bucket, context_buckets
+from vlchat.llm.engine.piecewise import PiecewiseGraphs
 from vlchat.llm.engine.sampler import PendingSample, Sampler, SamplerOutput
 from vlchat.llm.engine.sequence import Sequence
 from vlchat.llm.engine.transfer import Packed, padded_rows, round_up, to_device
 from vlchat.llm.errors import InvalidRequestError, ModelLoadError
 from vlchat.llm.inputs import MultiModalPrompt
 from vlchat.llm.layers.attention import Attention, set_key_offsets
-from vlchat.llm.parallel import agree_min
+from vlchat.llm.parallel import agree_min, tp_group
 from vlchat.llm.rope import RotaryEmbedding, extend_rope_tables, update_rope_for_length
 from vlchat.llm.sampling_params import SamplingParams
 from vlchat.llm.weights import load_model, resolve_dtype, vocab_size
@@ -138,6 +139,13 @@ class ModelRunner:
                 self.decode_plan,
                 self.context_buckets,
             )
+        self.pieces: PiecewiseGraphs | None = None
+        piece_tokens = min(config.piecewise_graph_tokens, config.scheduler.max_num_batched_tokens)
+        # steps of a model whose rotary tables change with the length (dynamic NTK, longrope) keep running eagerly:
+        # a table rebuilt by a step would not be the one the pieces were captured with
+        if self.graphs is not None and piece_tokens and not self.rope_tracks_length and tp_group().size == 1:
+            self.pieces = PiecewiseGraphs.capture(self.model, self.attn_layers, self.device, piece_tokens,
+                                                  self.uses_mrope)  # fmt: skip
         if self.device.type == "cuda":
             self._compile_step_kernels()
 
@@ -389,6 +397,11 @@ class ModelRunner:
             update_rope_for_length(self.model, meta.max_seqlen_k)
         if replay:
             hidden = graphs.replay(bucket, meta.max_seqlen_k)[: len(seqs)]
+        elif self.pieces is not None and self.pieces.fits(len(input_ids)) and not any(
+            _covers_image(s) for s in seqs if s.prompt.images
+        ):
+            with use_context(meta):
+                hidden = self.pieces.run(input_ids, positions)
         else:
             embeds = self._mm_embeds(seqs, input_ids) if any(s.prompt.images for s in seqs) else None
             with use_context(meta):

@@ -47,3 +47,12 @@ def test_replay_picks_the_graph_of_the_steps_context_bucket():
 def test_graph_count_is_over_every_batch_bucket_and_plan():
     held = {1: [(512, "g", "o")], 8: [(1024, "short", "out short"), (8192, "long", "out long")]}
     assert DecodeGraphs([1, 8], held, {}, capture_s=1.5).count == 3
+
+
+def test_token_buckets_of_piecewise_graphs_are_multiples_of_32_and_the_largest():
+    from vlchat.llm.engine.piecewise import token_buckets
+
+    assert token_buckets(100) == [32, 64, 96, 100]
+    assert token_buckets(64) == [32, 64]
+    assert token_buckets(20) == [20]
+    assert token_buckets(0) == []

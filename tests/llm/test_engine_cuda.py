@@ -107,3 +107,29 @@ def test_graph_steps_of_padded_buckets_match_eager_steps(tmp_path):
         llm.close()
     assert [len(t) for t in results[False]] == [6 + 3 * i for i in range(7)]
     assert results[True] == results[False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_prefill_and_mixed_steps_replayed_in_pieces_match_eager_steps(tmp_path, kv_cache_dtype):
+    # a 64-token budget: prompts of up to 150 tokens are prefilled in chunks beside the decodes of the others
+    # (mixed steps), chunks reading a cached prefix; every such step of up to 64 tokens replays the pieces of its
+    # token bucket (llm/engine/piecewise.py) with each layer's attention run eagerly between them; fp32, so the
+    # tokens equal the eager engine's. int8: the cache's rotation runs inside the eager attention
+    model_dir = make_tiny_llama(tmp_path)
+    prompts = [[(7 * i + 3 * j) % 90 + 3 for j in range(5 + 29 * i)] for i in range(6)]
+    params = [SamplingParams(temperature=0, max_tokens=5 + 2 * i, ignore_eos=True) for i in range(6)]
+    options = dict(dtype="float32", device="cuda", max_num_seqs=8, max_num_batched_tokens=64, prefill_delay_steps=0,
+                   kv_cache_dtype=kv_cache_dtype, **CACHE)  # fmt: skip
+    results, piece_steps = {}, []
+    for eager in (True, False):
+        llm = LLM(str(model_dir), enforce_eager=eager, **options)
+        pieces = llm.engine.runner.pieces
+        assert (pieces is None) == eager
+        if not eager:
+            assert pieces.buckets == [32, 64]
+            pieces.run = lambda ids, pos, run=pieces.run: piece_steps.append(len(ids)) or run(ids, pos)
+        results[eager] = [o.token_ids for o in llm.generate(prompts, params)]
+        llm.close()
+    assert len(piece_steps) >= 4 and any(n % 32 for n in piece_steps)  # padded buckets among them
+    assert results[True] == results[False]
