@@ -48,13 +48,23 @@ class _Recorder:
         if self.capture:
             self.graph = torch.cuda.CUDAGraph()
             self.graph.capture_begin(pool=self.pool)
-            if self.pool is None:
-                self.pool = self.graph.pool()
 
     def end(self) -> None:
         if self.capture:
-            self.graph.capture_end()
-            self.pieces.append(self.graph)
+            graph, self.graph = self.graph, None
+            graph.capture_end()
+            self.pieces.append(graph)
+            if self.pool is None:  # the first piece's pool is every later piece's
+                self.pool = graph.pool()
+
+    def abort(self) -> None:
+        """End a capture left open by an error, so that the stream can run work again."""
+        if self.graph is not None:
+            try:
+                self.graph.capture_end()
+            except Exception:  # noqa: BLE001 - the capture is invalid anyway; the caller reports the first error
+                pass
+            self.graph = None
 
     def __call__(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         qb, kb, vb, ob = self.owner.buffers(layer, q, k, v, self.tokens)
@@ -120,9 +130,12 @@ class PiecewiseGraphs:
                 torch.cuda.synchronize(device)
                 rec = _Recorder(self, tokens, pool, capture=True)
                 with _recording(attn_layers, rec), torch.cuda.stream(stream):
-                    rec.begin()
-                    out = model(ids, pos)
-                    rec.end()
+                    try:
+                        rec.begin()
+                        out = model(ids, pos)
+                        rec.end()
+                    finally:
+                        rec.abort()
                 torch.cuda.synchronize(device)
                 pool = rec.pool
                 if len(rec.pieces) != len(attn_layers) + 1:

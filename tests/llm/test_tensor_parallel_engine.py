@@ -49,12 +49,12 @@ def _generate(model_dir, prompts, tp: int, params=PARAMS, **engine):
         llm.close()
 
 
-def _assert_same(got, expected) -> None:
+def _assert_same(got, expected, atol: float = ATOL) -> None:
     for g, e in zip(got, expected, strict=True):
         assert list(g.token_ids) == list(e.token_ids)
         for step_g, step_e in zip(g.outputs[0].logprobs, e.outputs[0].logprobs, strict=True):
             assert step_g.keys() == step_e.keys()
-            assert max(abs(step_g[t] - step_e[t]) for t in step_e) < ATOL
+            assert max(abs(step_g[t] - step_e[t]) for t in step_e) < atol
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +103,13 @@ def test_text_tp2_matches_one_process(llama_dir, text_llm, monkeypatch):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int4"])
 def test_quantized_cache_tp2_matches_one_process(llama_dir, kv_cache_dtype):
-    """Each rank quantizes the KV heads it holds (int4: per token and head, as int8): the same codes, scales and
-    tokens as one process, preemption included."""
+    """Each rank quantizes the KV heads it holds (int4: per token and head, as int8): the same tokens as one
+    process, preemption included. A rank's sliced k/v projection may round differently in the last bit from the
+    whole one, and a value on a rounding boundary then lands on the neighbouring code (an int4 step is 1/15 of the
+    row's range, an e4m3 step 1/8 of the value), which moves a logprob by a few 1e-3: logprobs are held to 2e-2."""
     expected = _generate(llama_dir, TEXT_PROMPTS, tp=1, kv_cache_dtype=kv_cache_dtype)
-    _assert_same(_generate(llama_dir, TEXT_PROMPTS, tp=2, kv_cache_dtype=kv_cache_dtype), expected)
+    got = _generate(llama_dir, TEXT_PROMPTS, tp=2, kv_cache_dtype=kv_cache_dtype)
+    _assert_same(got, expected, atol=2e-2)
 
 
 QUESTION = {"type": "text", "text": "What is this?"}
