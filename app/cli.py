@@ -34,7 +34,7 @@ _LIMIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MediaLimits)}
 
 ENGINE_OPTIONS = ("dtype", "device", "max_model_len", "max_num_seqs", "num_blocks", "kernel_backend", "enforce_eager",
                   "max_num_batched_tokens", "prefill_delay_steps", "async_scheduling", "tensor_parallel_size",
-                  "tp_listen", "kv_cache_dtype", "quantization")  # fmt: skip
+                  "tp_listen", "kv_cache_dtype", "quantization", "piecewise_graph_tokens")  # fmt: skip
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -50,6 +50,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-backend", choices=("auto", "triton", "torch"), help="attention kernels (default: auto)")
     p.add_argument("--quantization", choices=("fp8",), help="quantize a 16-bit checkpoint at load (fp8: W8A8)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
+    p.add_argument("--piecewise-graph-tokens", type=int, metavar="N",
+                   help="replay prefill and mixed steps of up to N tokens as CUDA graphs in pieces between the "
+                   "attention calls (experimental; default: 0, eager)")  # fmt: skip
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens one step may process (default: 2048)")
     p.add_argument("--prefill-delay-steps", type=int,
                    help="steps a new prompt may wait to be prefilled with others while sequences decode "

@@ -277,8 +277,8 @@ def main(argv=None) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vlchat backend: GPUs the model is sharded over")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--piecewise-graph-tokens", type=int, default=1024,
-                   help="prefill/mixed steps up to this many tokens replay graphs in pieces (0: eager)")
+    p.add_argument("--piecewise-graph-tokens", type=int, default=0,
+                   help="prefill/mixed steps up to this many tokens replay graphs in pieces (0: eager, the default)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8", "int4"])
     p.add_argument("--quantization", choices=("fp8",), default=None, help="vlchat: quantize the model at load")
     p.add_argument("--prefill-delay-steps", type=int, default=None,

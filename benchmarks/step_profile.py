@@ -136,7 +136,7 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
     random = contextlib.nullcontext() if args.model else random_model.random_weights()
     with random:
         llm = LLM(str(model_dir), dtype=args.dtype, max_num_seqs=batch + 1, enforce_eager=args.enforce_eager,
-                  piecewise_graph_tokens=getattr(args, "piecewise_graph_tokens", 1024),
+                  piecewise_graph_tokens=getattr(args, "piecewise_graph_tokens", 0),
                   prefill_delay_steps=0,  # the mixed-step profile prefills each arrival in its own step
                   max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     engine = llm.engine

@@ -115,7 +115,9 @@ class EngineConfig:
         max_model_len: context limit; default from the config and its RoPE scaling.
         enforce_eager: never capture CUDA graphs.
         piecewise_graph_tokens: prefill and mixed steps of up to this many tokens (without image rows) replay
-            CUDA graphs in pieces between the attention calls (llm/engine/piecewise.py); 0: they run eagerly.
+            CUDA graphs in pieces between the attention calls (llm/engine/piecewise.py); 0 (the default): they run
+            eagerly. Opt-in until the GPU test of pieces against eager steps (tests/llm/test_engine_cuda.py) has
+            passed on a GPU.
         async_scheduling: schedule and launch step N+1 before step N's tokens reach the host
             (decode rows take their input token from the device), so the GPU does not wait for
             the host between steps. A sequence whose in-flight token may end it costs one wasted
@@ -143,7 +145,7 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int | None = None
     enforce_eager: bool = False
-    piecewise_graph_tokens: int = 1024
+    piecewise_graph_tokens: int = 0
     async_scheduling: bool | None = None
     kernel_backend: str | None = None
     quantization: str | None = None

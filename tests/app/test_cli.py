@@ -26,13 +26,15 @@ def test_serve_options_become_a_server_config(monkeypatch, tmp_path):
     args = build_parser().parse_args(["serve", "--auth", "ann:pw", "--allow-remote-images",
                                       "--allowed-local-media-path", str(tmp_path), "--max-model-len", "256",
                                       "--prefill-delay-steps", "4", "--no-async-scheduling",
-                                      "--kv-cache-dtype", "fp8", "--quantization", "fp8"])  # fmt: skip
+                                      "--kv-cache-dtype", "fp8", "--quantization", "fp8",
+                                      "--piecewise-graph-tokens", "512"])  # fmt: skip
     config = server_config(args)
     assert (config.host, config.port, config.share) == ("127.0.0.1", 7860, False)  # local only by default
     assert config.auth == ("ann", "pw") and config.api_key == "from-env" and config.analytics_enabled is False
     assert config.media.allow_remote and config.media.allowed_local_dir == str(tmp_path.resolve())
     assert config.engine_options == {"max_model_len": 256, "prefill_delay_steps": 4, "async_scheduling": False,
-                                     "kv_cache_dtype": "fp8", "quantization": "fp8"}  # fmt: skip
+                                     "kv_cache_dtype": "fp8", "quantization": "fp8",
+                                     "piecewise_graph_tokens": 512}  # fmt: skip
 
 
 def test_tensor_parallel_options_reach_the_engine(monkeypatch):

@@ -123,7 +123,7 @@ def test_prefill_and_mixed_steps_replayed_in_pieces_match_eager_steps(tmp_path, 
                    kv_cache_dtype=kv_cache_dtype, **CACHE)  # fmt: skip
     results, piece_steps = {}, []
     for eager in (True, False):
-        llm = LLM(str(model_dir), enforce_eager=eager, **options)
+        llm = LLM(str(model_dir), enforce_eager=eager, piecewise_graph_tokens=64, **options)
         pieces = llm.engine.runner.pieces
         assert (pieces is None) == eager
         if not eager:
