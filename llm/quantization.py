@@ -217,11 +217,28 @@ def quant_config_from_hf(hf_config):
         return quant_fp8.read_fp8_method(cfg, _refuse)
     if method == "compressed-tensors":
         groups = list((cfg.get("config_groups") or {}).values())
+        _check_kv_cache_scheme(cfg.get("kv_cache_scheme"))
+        if not groups and cfg.get("kv_cache_scheme"):  # only the KV cache is quantized: 16-bit weights
+            return None
         if groups and all((g.get("format") or cfg.get("format")) == "float-quantized" for g in groups):
             _check_unquantized(cfg.get("ignore"), "ignore")
             return quant_fp8.read_ct_fp8(groups, _refuse)
         return _compressed_tensors(cfg)
     raise UnsupportedQuantizationError(f"quant_method {method or None!r} is not supported")
+
+
+def _check_kv_cache_scheme(scheme) -> None:
+    """A compressed-tensors `kv_cache_scheme` must be FP8 with symmetric scales (the checkpoint's k_scale/v_scale,
+    read by weights.load_tensors, are the fp8 cache's scales under --kv-cache-dtype fp8)."""
+    if not scheme:
+        return
+    scheme = _plain(scheme)
+    if scheme.get("type") != "float" or scheme.get("num_bits") != 8 or not scheme.get("symmetric", True):
+        raise UnsupportedQuantizationError(
+            f"kv_cache_scheme {scheme.get('num_bits')}-bit {scheme.get('type')}"
+            f"{'' if scheme.get('symmetric', True) else ' asymmetric'} is not supported (only symmetric 8-bit float, "
+            "served with --kv-cache-dtype fp8)"
+        )
 
 
 def _refuse(what: str):

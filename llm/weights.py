@@ -16,6 +16,7 @@ exactly from the checkpoint; anything missing, unexpected or misshapen raises a
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from torch import nn
 
 from vlchat.llm.config import is_gguf_file
 from vlchat.llm.errors import InvalidRequestError, ModelLoadError, WeightMismatchError
+from vlchat.llm.layers.attention import Attention
 from vlchat.llm.layers.linear import default_weight_loader
 from vlchat.llm.parallel import tp_group
 
@@ -66,6 +68,44 @@ def map_name(name: str, rules: list[WeightRule]) -> tuple[str, object, Callable 
         shard = rule.shard if rule.shard is not None else shard
         loader = rule.loader or loader
     return name, shard, loader
+
+
+# Scales of an FP8 KV cache (x ~= fp8(x / scale) * scale) as checkpoints store them: compressed-tensors
+# `self_attn.k_scale`/`v_scale`, ModelOpt `self_attn.k_proj.k_scale`, AutoFP8 `self_attn.k_proj.output_scale`, older
+# `self_attn.kv_scale` (both caches). `q_scale`/`prob_scale` quantize attention's own inputs, which stay 16-bit here.
+_KV_SCALE = re.compile(r"^(?P<attn>.*\.self_attn)\.(?:(?P<proj>[kv])_proj\.)?(?P<kind>k|v|kv|q|prob|output)_scale$")
+
+
+def kv_scale_name(name: str) -> tuple[str, str] | None:
+    """(the attention module's checkpoint name, "k" | "v" | "kv" | "q" | "prob") of a tensor holding an attention
+    scale; None for any other tensor."""
+    m = _KV_SCALE.match(name)
+    if m is None:
+        return None
+    proj, kind = m["proj"], m["kind"]
+    if proj is not None:  # k_proj.k_scale / k_proj.output_scale
+        return (m["attn"], proj) if kind in (proj, "output") else None
+    return None if kind == "output" else (m["attn"], kind)
+
+
+def _kv_scale_owners(model: nn.Module) -> dict[str, Attention]:
+    """The decoder's attention layers by the name of the `self_attn` module holding them."""
+    owners = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Attention) and ".self_attn." in name + ".":
+            owners.setdefault(name[: name.rindex(".self_attn") + len(".self_attn")], module)
+    return owners
+
+
+def _set_kv_scale(attn: Attention, kind: str, tensor: torch.Tensor) -> None:
+    """Keep a checkpoint's KV scale on its layer: one per tensor (a per-head scale's largest: every head's values
+    stay in range)."""
+    value = float(tensor.float().max()) if tensor.numel() else float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"a KV cache scale must be finite and > 0, got {value}")
+    for i, which in enumerate("kv"):
+        if which in kind:
+            attn.checkpoint_fp8_scales[i] = value
 
 
 def _resolve(target: str, params: dict[str, nn.Parameter]) -> str | None:
@@ -145,10 +185,25 @@ def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
     WeightMismatchError naming the missing, unexpected and wrong-shape tensors."""
     params = dict(model.named_parameters())
     expected = {(n, s) for n, p in params.items() for s in getattr(p, "shards", (None,))}
+    kv_owners = _kv_scale_owners(model)
     loaded: set[tuple[str, object]] = set()
     unexpected, mismatched = [], []
     with torch.no_grad():
         for name, tensor in tensors:
+            scale = kv_scale_name(name)
+            if scale is not None:
+                if scale[1] in ("q", "prob"):
+                    continue
+                mapped = map_name(scale[0] + ".k_scale", rules)  # the model's rules rename the prefix
+                owner = None if mapped is None else _resolve(mapped[0].removesuffix(".k_scale"), kv_owners)
+                if owner is None:
+                    unexpected.append(name)
+                    continue
+                try:
+                    _set_kv_scale(kv_owners[owner], scale[1], tensor)
+                except ValueError as e:
+                    mismatched.append(f"{name}: {e}")
+                continue
             mapped = map_name(name, rules)
             if mapped is None:
                 continue
@@ -269,7 +324,9 @@ def load_model(
 
         if quantization != QUANTIZE_AT_LOAD:
             raise InvalidRequestError(f"unknown quantization {quantization!r}; use {QUANTIZE_AT_LOAD!r} or none")
-        if getattr(hf_config, "quantization_config", None) is not None or is_gguf_file(model_dir):
+        from vlchat.llm.quantization import quant_config_from_hf
+
+        if quant_config_from_hf(hf_config) is not None or is_gguf_file(model_dir):  # a KV-only scheme may stay
             raise InvalidRequestError(
                 f"{model_dir} is quantized already; serve it without --quantization, or pass a 16-bit checkpoint"
             )

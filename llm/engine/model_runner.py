@@ -110,6 +110,12 @@ class ModelRunner:
                 kv_quant.storage_dim(self.kv_cache_dtype, attn.head_dim)
             except kv_quant.KVCacheFormatError as e:
                 raise InvalidRequestError(str(e)) from e
+        with_scales = sum(any(s is not None for s in a.checkpoint_fp8_scales) for a in self.attn_layers)
+        if with_scales and self.kv_cache_dtype == "fp8":
+            logger.info("fp8 KV cache with the checkpoint's scales in %d of %d layers (1.0 in the others)",
+                        with_scales, len(self.attn_layers))  # fmt: skip
+        elif with_scales:
+            logger.info("the checkpoint holds FP8 KV cache scales; --kv-cache-dtype fp8 stores the cache with them")
         if self.kv_cache_dtype == "int4":  # every rank runs it: a forward, collective under tensor parallelism
             set_key_offsets(self.model, _first_token_id(hf_config, eos_token_ids), self.uses_mrope)
         self.rope_tracks_length = any(
@@ -234,6 +240,8 @@ class ModelRunner:
                 self.kv_cache_dtype, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim, self.dtype,
                 self.device,
             )  # fmt: skip
+            if self.kv_cache_dtype == "fp8":  # the checkpoint's scales where it has them, else 1.0
+                k_scale, v_scale = (s if s is not None else 1.0 for s in attn.checkpoint_fp8_scales)
             attn.kv_scales = (k_scale, v_scale)
             attn.kv_cache = (k, v)
             self.kv_caches.append((k, v))

@@ -61,6 +61,8 @@ class Attention(nn.Module):
         self.softcap = softcap
         self._kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kv_scales: tuple = (None, None)  # the cache's (k_scale, v_scale) as its format takes them
+        # an FP8 cache's per-tensor (k_scale, v_scale) given by the checkpoint (weights.load_tensors); None: 1.0
+        self.checkpoint_fp8_scales: list[float | None] = [None, None]
         self._rotation: dict = {}  # dtype -> the int8/int4 caches' row rotation (kv_quant.rotation); else empty
         self._key_offset: torch.Tensor | None = None  # [kv_heads, head_dim] float32, unrotated (set_key_offsets)
         self._rotated_offset: dict = {}  # dtype -> key_offset rotated as an int4 cache stores keys; else empty
