@@ -89,7 +89,8 @@ def _first_steps(outputs, reference) -> tuple[int, float]:
 def _generate(model_dir, **engine):
     llm = LLM(str(model_dir), **ENGINE, **engine)
     try:
-        return llm.generate(PROMPTS, PARAMS), [a.kv_scales for a in llm.engine.runner.attn_layers]
+        layers = getattr(llm.engine.runner, "attn_layers", [])  # a tensor-parallel engine's are in its workers
+        return llm.generate(PROMPTS, PARAMS), [a.kv_scales for a in layers]
     finally:
         llm.close()
 
@@ -164,3 +165,11 @@ def test_a_bad_or_misplaced_scale_fails_naming_the_tensor(small_kv_dir, tmp_path
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightMismatchError, match=name.replace(".", r"\.")):
         LLM(str(out), **ENGINE, kv_cache_dtype="fp8")
+
+
+def test_every_rank_takes_the_checkpoints_scales(small_kv_dir):
+    """At tensor_parallel_size 2 each worker loads the scales with its half of the KV heads: one process's tokens
+    (at 1.0, the first tokens of two or more prompts would differ: the test above)."""
+    expected, _ = _generate(small_kv_dir, kv_cache_dtype="fp8")
+    got, _ = _generate(small_kv_dir, kv_cache_dtype="fp8", tensor_parallel_size=2)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
