@@ -92,20 +92,25 @@ def _kv_scale_owners(model: nn.Module) -> dict[str, Attention]:
     """The decoder's attention layers by the name of the `self_attn` module holding them."""
     owners = {}
     for name, module in model.named_modules():
-        if isinstance(module, Attention) and ".self_attn." in name + ".":
-            owners.setdefault(name[: name.rindex(".self_attn") + len(".self_attn")], module)
+        head, sep, _ = name.rpartition(".self_attn.")
+        if isinstance(module, Attention) and sep:
+            owners.setdefault(head + ".self_attn", module)
     return owners
 
 
-def _set_kv_scale(attn: Attention, kind: str, tensor: torch.Tensor) -> None:
-    """Keep a checkpoint's KV scale on its layer: one per tensor (a per-head scale's largest: every head's values
-    stay in range)."""
+def _load_kv_scale(attn_name: str, kind: str, tensor: torch.Tensor, rules, owners: dict[str, Attention]) -> None:
+    """Keep a checkpoint's KV scale on its layer, one per tensor (a per-head scale's largest: every head's values
+    stay in range); KeyError for a layer the model does not have, ValueError for a value no cache can take."""
+    mapped = map_name(attn_name + ".k_scale", rules)  # the model's rules rename the prefix
+    owner = None if mapped is None else _resolve(mapped[0].removesuffix(".k_scale"), owners)
+    if owner is None:
+        raise KeyError(attn_name)
     value = float(tensor.float().max()) if tensor.numel() else float("nan")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"a KV cache scale must be finite and > 0, got {value}")
     for i, which in enumerate("kv"):
         if which in kind:
-            attn.checkpoint_fp8_scales[i] = value
+            owners[owner].checkpoint_fp8_scales[i] = value
 
 
 def _resolve(target: str, params: dict[str, nn.Parameter]) -> str | None:
@@ -192,15 +197,11 @@ def load_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
         for name, tensor in tensors:
             scale = kv_scale_name(name)
             if scale is not None:
-                if scale[1] in ("q", "prob"):
-                    continue
-                mapped = map_name(scale[0] + ".k_scale", rules)  # the model's rules rename the prefix
-                owner = None if mapped is None else _resolve(mapped[0].removesuffix(".k_scale"), kv_owners)
-                if owner is None:
-                    unexpected.append(name)
-                    continue
                 try:
-                    _set_kv_scale(kv_owners[owner], scale[1], tensor)
+                    if scale[1] not in ("q", "prob"):  # attention's own inputs stay 16-bit: their scales are unused
+                        _load_kv_scale(*scale, tensor, rules, kv_owners)
+                except KeyError:
+                    unexpected.append(name)
                 except ValueError as e:
                     mismatched.append(f"{name}: {e}")
                 continue

@@ -10,6 +10,7 @@ precision. Its config declares the scheme the way compressed-tensors writes it (
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -76,6 +77,12 @@ def small_kv_dir(tmp_path_factory):
     return out
 
 
+def _variant(model_dir, out, state: dict) -> None:
+    """A copy of `model_dir` at `out` whose weights are `state`."""
+    shutil.copytree(model_dir, out)
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+
+
 def _first_steps(outputs, reference) -> tuple[int, float]:
     """How many of the reference's top-5 tokens of each prompt's first step (whose context is the prompt alone:
     later steps follow tokens that may differ) are among the outputs' top 5, and their mean logprob error."""
@@ -106,11 +113,7 @@ def test_checkpoint_scales_are_the_fp8_caches_and_keep_small_keys_precise(small_
 
     # the same weights without the scales: the fp8 cache at 1.0
     unscaled_dir = tmp_path / "unscaled"
-    unscaled_dir.mkdir()
-    for f in small_kv_dir.iterdir():
-        (unscaled_dir / f.name).write_bytes(f.read_bytes())
-    save_file({k: v for k, v in state.items() if not k.endswith("_scale")}, unscaled_dir / "model.safetensors",
-              metadata={"format": "pt"})  # fmt: skip
+    _variant(small_kv_dir, unscaled_dir, {k: v for k, v in state.items() if not k.endswith("_scale")})
     unscaled, scales = _generate(unscaled_dir, kv_cache_dtype="fp8")
     assert scales == [(1.0, 1.0)] * 2
 
@@ -156,13 +159,10 @@ def test_a_kv_scheme_other_than_fp8_is_refused_by_name():
 @pytest.mark.parametrize("bad", ["zero", "misplaced"])
 def test_a_bad_or_misplaced_scale_fails_naming_the_tensor(small_kv_dir, tmp_path, bad):
     out = tmp_path / bad
-    out.mkdir()
-    for f in small_kv_dir.iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
-    state = load_file(out / "model.safetensors")
+    state = load_file(small_kv_dir / "model.safetensors")
     name = "model.layers.1.self_attn.v_scale" if bad == "zero" else "model.layers.9.self_attn.k_scale"
     state[name] = torch.zeros(1) if bad == "zero" else torch.ones(1)
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    _variant(small_kv_dir, out, state)
     with pytest.raises(WeightMismatchError, match=name.replace(".", r"\.")):
         LLM(str(out), **ENGINE, kv_cache_dtype="fp8")
 
