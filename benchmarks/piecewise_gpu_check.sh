@@ -7,6 +7,7 @@
 #      profiled, kernel and unprofiled times); started runs are cut at $DEADLINE seconds from the start;
 # then a table of req/s and mixed-step times for both, printed last.
 # Run from the repository root on one GPU, with vlchat installed:  OUT=/some/dir bash benchmarks/piecewise_gpu_check.sh
+# Other shapes and workloads: SHAPE=llava-1.5-7b EXTRA="--images 1" N=300; SKIP_TESTS=1 leaves out part 1.
 set -uo pipefail
 OUT=${OUT:-$PWD/piecewise_gpu_out}
 N=${N:-1000} PIECES=${PIECES:-1024} DEADLINE=${DEADLINE:-540} SHAPE=${SHAPE:-llama2-7b} EXTRA=${EXTRA:-}
@@ -18,6 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
 echo "== 1. GPU tests: pieces against eager steps =="
+[ -n "${SKIP_TESTS:-}" ] && echo "(skipped: SKIP_TESTS)" > "$OUT/tests.log" ||
 timeout 180 pytest -q -p no:cacheprovider tests/llm/test_cuda_graphs.py \
   tests/llm/test_engine_cuda.py::test_prefill_and_mixed_steps_replayed_in_pieces_match_eager_steps \
   > "$OUT/tests.log" 2>&1

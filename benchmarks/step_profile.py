@@ -140,7 +140,8 @@ def profile_decode_step(model_dir, args, batch: int, context: int = 512, steps: 
                   prefill_delay_steps=0,  # the mixed-step profile prefills each arrival in its own step
                   max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     engine = llm.engine
-    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]  # a VLM's language model: text-only steps
     reqs = workloads.sharegpt_like_v1(batch + steps, vocab, seed=1, special_ids=(0, 1))
     params = SamplingParams(max_tokens=1024, ignore_eos=True, temperature=0.0)
     for i, r in enumerate(reqs[:batch]):

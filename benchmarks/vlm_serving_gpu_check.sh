@@ -4,8 +4,8 @@
 #      sync; with BEFORE_TREE=<checkout without the pinned copies> the same test also runs against that tree's
 #      package (a `vlchat` link to it first on PYTHONPATH), where it should fail;
 #   2. benchmarks.serving --images, concurrency 128, each with transformers' generate on the first $PEER requests:
-#      the Qwen2.5-VL-7B shape with one image per request ($N1 requests) and with two ($N2), then the LLaVA-1.5-7B
-#      shape with two ($N2); started runs are cut at $DEADLINE seconds from the start.
+#      the LLaVA-1.5-7B shape and the Qwen2.5-VL-7B shape with one image per request ($N1 requests), then
+#      Qwen2.5-VL-7B with two ($N2); started runs are cut at $DEADLINE seconds from the start.
 # Finished runs' .json/.md/.png files are packed into $OUT/serving.tgz (a device call returns only a few files).
 # Run from the repository root on one GPU, with vlchat installed:  OUT=/some/dir bash benchmarks/vlm_serving_gpu_check.sh
 set -uo pipefail
@@ -42,7 +42,7 @@ sys.path.append(".")
 from benchmarks import serving  # noqa: E402
 
 out, n1, n2, peer, qwen, llava, *extra = sys.argv[1:]
-for shape, images, n in ((qwen, 1, n1), (qwen, 2, n2), (llava, 2, n2)):
+for shape, images, n in ((llava, 1, n1), (qwen, 1, n1), (qwen, 2, n2)):
     t0 = time.time()
     try:
         serving.main(["--shape", shape, "--images", str(images), "--num-prompts", n, "--concurrency", "128",
