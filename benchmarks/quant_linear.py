@@ -9,8 +9,9 @@ of decode steps; 128-4096: the tiled GEMM of prefill), fp16:
 - W4A16 us: kernels/ops/quant_linear.py at its per-arch tiles, group --group with zeros (GPTQ/AWQ asymmetric);
 - read floor us: a kernel that only reads the W4A16 weight's bytes (codes, scales, zeros; gpu_timing.read_floor_us),
   and the fraction of that rate the W4A16 product reaches;
-- FP8 us: kernels/ops/fp8_linear.py (per-token FP8 activations, torch._scaled_mm) where the GPU has FP8 tensor
-  cores (sm_89+), else "-";
+- FP8 us: kernels/ops/fp8_linear.py as the engine runs it (per-token FP8 activations; the FP8 GEMV up to 16 rows,
+  torch._scaled_mm above) where the GPU has FP8 tensor cores (sm_89+), else "-"; FP8 floor us: reading the FP8
+  weight's bytes, and the fraction of that rate FP8 reaches;
 - layer rows: the four projections summed (the weight part of one decoder layer's step).
 
 Times are CUDA-graph replays over enough weight copies to defeat the L2 (graph_time_us). The memory table gives
@@ -230,7 +231,7 @@ def _fp8_sets(n: int, k: int):
 
 
 def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
-    from vlchat.kernels.ops.fp8_linear import fp8_scaled_mm
+    from vlchat.kernels.ops.fp8_linear import fp8_tensor_cores
     from vlchat.kernels.ops.quant_linear import dequantize_w4, w4a16_triton
 
     quant_bytes = w4_bytes(n, k, group)
@@ -240,6 +241,7 @@ def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
     dense = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(fp16_sets)]
     fp8 = _fp8_sets(n, k)
     floor = read_floor_us(quant_bytes // 2, sets, pdl=False)
+    fp8_floor = read_floor_us(n * k // 2, max(2, int(L2_DEFEAT_BYTES // (n * k))), pdl=False) if fp8 else None
     rows_out = []
     for rows in ROWS:
         x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
@@ -247,9 +249,9 @@ def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
         err = ((w4a16_triton(x, *quant[0], None, group).float() - want).abs().max() / want.abs().max()).item()
         fp16_us = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in dense])
         w4_us = graph_time_us([lambda q=q, x=x: w4a16_triton(x, *q, None, group) for q in quant])
-        fp8_us = graph_time_us([lambda w=w, x=x: fp8_scaled_mm(x, *w) for w in fp8]) if fp8 else None
+        fp8_us = graph_time_us([lambda w=w, x=x: fp8_tensor_cores(x, *w) for w in fp8]) if fp8 else None
         row = {"shape": name, "n": n, "k": k, "rows": rows, "fp16_us": fp16_us, "w4_us": w4_us,
-               "fp8_us": fp8_us,
+               "fp8_us": fp8_us, "fp8_floor_us": fp8_floor,
                "read_floor_us": floor, "quant_mb": quant_bytes / 2**20, "rel_err": err}  # fmt: skip
         rows_out.append(row)
         print(f"{name} rows {rows}: fp16 {fp16_us:.2f} us, W4A16 {w4_us:.2f} us, floor {floor:.2f} us", flush=True)
@@ -264,7 +266,8 @@ def layer_rows(rows: list[dict]) -> list[dict]:
     for count in sorted({r["rows"] for r in rows}):
         mine = [r for r in rows if r["rows"] == count]
         sums = {key: sum(r[key] for r in mine) for key in ("fp16_us", "w4_us", "read_floor_us")}
-        sums["fp8_us"] = sum(r["fp8_us"] for r in mine) if all(r.get("fp8_us") for r in mine) else None
+        for key in ("fp8_us", "fp8_floor_us"):
+            sums[key] = sum(r[key] for r in mine) if all(r.get(key) for r in mine) else None
         out.append({"rows": count, **sums})
     return out
 
@@ -277,19 +280,25 @@ def _ratio(base, value) -> str:
     return "-" if value is None else f"{base / value:.2f}x"
 
 
+def _of(floor, value) -> str:
+    return "-" if floor is None or value is None else f"{floor / value:.2f}"
+
+
 def markdown(res: dict) -> str:
     lines = [
         f"# W4A16 projections (Llama 2 7B layer) on {res['device']}", "",
         f"{versions_line(res)}; fp16 activations, group {res['group']} with zeros; CUDA-graph replays, L2 defeated "
         "(benchmarks/quant_linear.py says what each column runs).", "",
         "## One layer's projections (q/k/v + o + gate/up + down)", "",
-        "| rows | fp16 us | W4A16 us | W4A16 vs fp16 | read floor us | W4A16 of floor rate | FP8 us | FP8 vs fp16 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rows | fp16 us | W4A16 us | W4A16 vs fp16 | read floor us | W4A16 of floor rate | FP8 us | FP8 vs fp16 "
+        "| FP8 floor us | FP8 of floor rate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in layer_rows(res["rows"]):
         lines.append(f"| {r['rows']} | {r['fp16_us']:.1f} | {r['w4_us']:.1f} | {r['fp16_us'] / r['w4_us']:.2f}x | "
                      f"{r['read_floor_us']:.1f} | {r['read_floor_us'] / r['w4_us']:.2f} | {_us(r['fp8_us'], 1)} | "
-                     f"{_ratio(r['fp16_us'], r['fp8_us'])} |")  # fmt: skip
+                     f"{_ratio(r['fp16_us'], r['fp8_us'])} | {_us(r.get('fp8_floor_us'), 1)} | "
+                     f"{_of(r.get('fp8_floor_us'), r['fp8_us'])} |")  # fmt: skip
     lines += ["", "## Weight memory", "", "| model | " + " | ".join(FORMATS) + " |",
               "|---|" + "---|" * len(FORMATS)]  # fmt: skip
     for model in MODELS:

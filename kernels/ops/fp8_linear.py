@@ -1,15 +1,20 @@
 """y = x W^T (+ b) in FP8 (W8A8): W held as float8_e4m3fn [N, K] with one fp32 scale per output row, x quantized
-per row (token) to float8_e4m3fn on the fly, the product on FP8 tensor cores (torch._scaled_mm) where the GPU has
-them (sm_89, sm_90 and newer).
+per row (token) to float8_e4m3fn on the fly, the product on FP8 tensor cores where the GPU has them (sm_89, sm_90
+and newer): up to GEMV_MAX_ROWS rows (decode) a split-k Triton GEMV (`_fp8_gemv_kernel`: the weight read is the
+time, and torch._scaled_mm's tiles, its bf16-only output and the cast after it cost more than the read at one
+row), more rows torch._scaled_mm.
 
 Activation quantization (both implementations): s_x = max|x_row| / 448 (448 is e4m3's largest finite value; a zero
 row takes s_x = 1), x_q = fp8(x / s_x). Then y[m, n] = s_x[m] * s_w[n] * sum_k x_q[m, k] * W_q[n, k] + b[n].
 The reference computes that sum in fp32 from the same fp8 values (the CPU path and the ground truth);
 torch._scaled_mm accumulates in fp32 on the tensor cores and writes bf16 (its row-wise scaling writes no other type),
-rounded to x's dtype after.
+rounded to x's dtype after. The GEMV sums the same FP8 products in fp32 on the tensor cores, scales them and
+writes x's dtype (and the bias) itself.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -17,7 +22,9 @@ import triton.language as tl
 
 from vlchat.kernels import dispatch
 from vlchat.kernels.device import DeviceInfo, device_for
+from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from vlchat.kernels.launch import launch_compiled
+from vlchat.kernels.ops.quant_linear import GEMV_MAX_ROWS, finish_split_k, split_plan
 
 OP = "ops.fp8_linear"
 FP8 = torch.float8_e4m3fn
@@ -63,6 +70,83 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+@dataclass(frozen=True, slots=True)
+class Fp8GemvConfig:
+    """The FP8 GEMV's tiles: block_n weight rows by block_k per step, against all (up to 16) rows of x."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    waves: int  # programs per SM the split count aims at
+
+
+# One entry for sm_89 and sm_90 (the arches with FP8 tensor cores): 128 x 128 FP8 weight tiles (16 KB a stage),
+# four stages in flight, two programs per SM; K is split until the programs fill the GPU.
+FP8_GEMV = Fp8GemvConfig(128, 128, 4, 4, 2)
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    k_per_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    # xq: [M, K] fp8, xs: [M] fp32; w: [N, K] fp8, ws: [N] fp32; out: [M, N]; part/count: finish_split_k's.
+    # Program (pid_n, pid_s): BLOCK_N weight rows over K slice pid_s, as [BN, BK] x [BK, BM] FP8 dots (the weight
+    # tile is the MMA's 64-row side; x's rows, padded to 16, the narrow one).
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    splits = tl.num_programs(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_begin = pid_s * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_begin + offs_k)[None, :]  # [BN, BK]
+    x_ptrs = xq_ptr + offs_m[None, :] * stride_xm + (k_begin + offs_k)[:, None]  # [BK, BM]
+    launch_next_then_wait(PDL)  # x is the quantizing kernel's output
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        k_mask = k0 + offs_k < k_end
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+        acc = tl.dot(w, x, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    ws = tl.load(ws_ptr + offs_n, mask=n_mask, other=0.0)
+    xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)
+    acc = tl.trans(acc * xs[None, :] * ws[:, None])  # [BM, BN], the reference's order: sum, x's scale, W's
+    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
+                   HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
+
+
+def fp8_gemv(x, weight, weight_scale, bias=None, *, config: Fp8GemvConfig = FP8_GEMV, splits: int | None = None):
+    """fp8_linear for up to GEMV_MAX_ROWS rows: x quantized per row (one launch), then the split-k FP8 GEMV (one
+    launch, the bias added and x's dtype written in it). `config` and `splits` override the tiles (tests,
+    benchmarks)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if m > GEMV_MAX_ROWS:
+        raise ValueError(f"the FP8 GEMV takes at most {GEMV_MAX_ROWS} rows; got {m}")
+    if m == 0 or n == 0:
+        return torch.empty((m, n), dtype=x.dtype, device=x.device)
+    x_q, x_scale = quantize_rows_triton(x)
+    device = device_for(x)
+    plan = split_plan(x, n, config, 16, splits, device.sm_count)
+    pdl = dependent_launch(device)
+    launch_compiled(_fp8_gemv_kernel, (plan.tiles, plan.splits),
+        x_q, x_scale, weight, weight_scale, bias if bias is not None else weight_scale, plan.out, plan.part,
+        plan.counters, m, n, k, x_q.stride(0), weight.stride(0), plan.out.stride(0), plan.k_per_split,
+        HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl_options(pdl),
+    )  # fmt: skip
+    return plan.out
+
+
 def fp8_reference(x, weight, weight_scale, bias=None):
     x_q, x_scale = quantize_rows(x)
     y = (x_q.to(torch.float32) @ weight.to(torch.float32).T) * x_scale * weight_scale[None, :]
@@ -81,6 +165,13 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None):
     return y.to(x.dtype)
 
 
+def fp8_tensor_cores(x, weight, weight_scale, bias=None):
+    """The GPU implementation: the GEMV up to GEMV_MAX_ROWS rows, torch._scaled_mm above."""
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return fp8_gemv(x, weight, weight_scale, bias)
+    return fp8_scaled_mm(x, weight, weight_scale, bias)
+
+
 def scaled_mm_can_run(device: DeviceInfo, dtype: torch.dtype) -> str | None:
     if not device.is_cuda or device.capability < (8, 9):
         return f"FP8 tensor cores need sm_89 or newer; {device.arch} has none"
@@ -91,7 +182,7 @@ def scaled_mm_can_run(device: DeviceInfo, dtype: torch.dtype) -> str | None:
     return None
 
 
-dispatch.register(OP, fp8_reference, fp8_scaled_mm, can_run=scaled_mm_can_run)
+dispatch.register(OP, fp8_reference, fp8_tensor_cores, can_run=scaled_mm_can_run)
 
 
 def fp8_linear(x, weight, weight_scale, bias=None):

@@ -119,8 +119,9 @@ def launch_config(m: int, group_size: int, has_g_idx: bool, device: DeviceInfo) 
     return cfg
 
 
-def split_count(n: int, k: int, cfg: W4GemvConfig, sm_count: int) -> int:
-    """K slices of the GEMV: enough programs for `cfg.waves` per SM, each slice at least one K step."""
+def split_count(n: int, k: int, cfg, sm_count: int) -> int:
+    """K slices of a GEMV with cfg's block_n, block_k and waves (a W4GemvConfig or fp8_linear's): enough programs
+    for `cfg.waves` per SM, each slice at least one K step."""
     tiles = triton.cdiv(n, cfg.block_n)
     steps = triton.cdiv(k, cfg.block_k)
     return max(1, min(steps, triton.cdiv(cfg.waves * sm_count, tiles)))
@@ -172,6 +173,40 @@ def _scaled_codes(packed, z, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
 def _unscale(BLOCK_K: tl.constexpr):
     # [BK] fp32 16^-(k % 4), built from its exponent bits (exact)
     return ((127 - 4 * (tl.arange(0, BLOCK_K) % 4)) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
+                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):  # fmt: skip
+    # A split-k GEMV program's end: acc [BM, BN] fp32 is its K slice's sum for rows offs_m, columns offs_n. Without
+    # SPLIT it is the whole sum: add the bias, store. With SPLIT the slice's partial goes to part [splits, M, N]
+    # and the tile's last slice to finish (count [column tiles], zero between calls) reduces, stores and zeroes
+    # its counter.
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    mask = m_mask[:, None] & n_mask[None, :]
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLIT:
+        parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]  # slice 0's [BM, BN]; slice s is s * M * N on
+        tl.store(parts + pid_s * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial stored before the counter says so (acq_rel, GPU scope)
+        if tl.atomic_add(count_ptr + pid_n, 1) == splits - 1:  # the tile's last slice to end: reduce
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s0 in range(0, splits, CHUNK):  # CHUNK slices' loads in flight at once, not one after the other
+                offs_s = s0 + tl.arange(0, CHUNK)
+                slices = tl.load(parts[None, :, :] + (offs_s * M * N)[:, None, None],
+                                 mask=(offs_s < splits)[:, None, None] & mask[None, :, :], other=0.0,
+                                 cache_modifier=".cg")  # [CHUNK, BM, BN]  # fmt: skip
+                acc += tl.sum(slices, axis=0)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(count_ptr + pid_n, 0)  # zero for the next call
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -245,28 +280,8 @@ def _w4a16_gemv_kernel(
                     part = tl.sum(xs[:, :, None] * codes[None, :, :], axis=1)  # [BM, BN]
             acc += part * s[None, :]
         packed = following
-    mask = m_mask[:, None] & n_mask[None, :]
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    if SPLIT:
-        parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]  # slice 0's [BM, BN]; slice s is s * M * N on
-        tl.store(parts + pid_s * M * N, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial stored before the counter says so (acq_rel, GPU scope)
-        if tl.atomic_add(count_ptr + pid_n, 1) == splits - 1:  # the tile's last slice to end: reduce
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s0 in range(0, splits, CHUNK):  # CHUNK slices' loads in flight at once, not one after the other
-                offs_s = s0 + tl.arange(0, CHUNK)
-                slices = tl.load(parts[None, :, :] + (offs_s * M * N)[:, None, None],
-                                 mask=(offs_s < splits)[:, None, None] & mask[None, :, :], other=0.0,
-                                 cache_modifier=".cg")  # [CHUNK, BM, BN]  # fmt: skip
-                acc += tl.sum(slices, axis=0)
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.store(count_ptr + pid_n, 0)  # zero for the next call
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
+                   HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -332,28 +347,50 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return kept
 
 
-def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
+@dataclass(frozen=True, slots=True)
+class SplitPlan:
+    """A split-k GEMV launch's slices and buffers (`split_plan`)."""
+
+    splits: int
+    k_per_split: int
+    tiles: int  # column tiles, the grid's first axis
+    chunk: int  # slices the reducing program loads at once
+    out: torch.Tensor  # [M, N] in x's dtype
+    part: torch.Tensor  # [splits, M, N] fp32 (out when there is one slice)
+    counters: torch.Tensor  # split_counters (out, unread, when there is one slice)
+
+
+def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, sm_count: int) -> SplitPlan:
+    """The K slices (`splits`, else split_count's) of a GEMV of x [M, K] into N columns with cfg's block_n/block_k,
+    no slice empty, and its output, partials and counters."""
     m, k = x.shape
-    n = qweight.shape[1]
-    splits = splits or split_count(n, k, cfg, device.sm_count)
+    splits = splits or split_count(n, k, cfg, sm_count)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
-    splits = triton.cdiv(k, k_per_split)  # no empty slice
+    splits = triton.cdiv(k, k_per_split)
     tiles = triton.cdiv(n, cfg.block_n)
-    dot = cfg.dot
-    block_m = 16 if dot else triton.next_power_of_2(m)
     chunk = min(triton.next_power_of_2(splits), max(1, REDUCE_VALUES // (block_m * cfg.block_n)))
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    counters = split_counters(x.device, tiles) if splits > 1 else qweight
+    counters = split_counters(x.device, tiles) if splits > 1 else out  # unread with one slice
+    return SplitPlan(splits, k_per_split, tiles, chunk, out, part, counters)
+
+
+def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
+    m, k = x.shape
+    n = qweight.shape[1]
+    block_m = 16 if cfg.dot else triton.next_power_of_2(m)
+    plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
-    launch_compiled(_w4a16_gemv_kernel, (tiles, splits),
+    launch_compiled(_w4a16_gemv_kernel, (plan.tiles, plan.splits),
         x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
-        bias if bias is not None else scales, out, part, counters, m, n, k, x.stride(0), out.stride(0), k_per_split,
+        bias if bias is not None else scales, plan.out, plan.part, plan.counters, m, n, k, x.stride(0),
+        plan.out.stride(0), plan.k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=dot,
-        MAGIC=MAGIC[x.dtype], SPLIT=splits > 1, CHUNK=chunk, TF32=cfg.tf32, PDL=pdl, num_warps=cfg.num_warps, **pdl_options(pdl),
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
+        MAGIC=MAGIC[x.dtype], SPLIT=plan.splits > 1, CHUNK=plan.chunk, TF32=cfg.tf32, PDL=pdl, num_warps=cfg.num_warps,
+        **pdl_options(pdl),
     )  # fmt: skip
-    return out
+    return plan.out
 
 
 def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,

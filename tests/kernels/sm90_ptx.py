@@ -19,6 +19,7 @@ from triton.compiler import ASTSource
 from vlchat.kernels.attention import decode, decode_ws, gluon_sm90, kv_write
 from vlchat.kernels.attention.configs import TABLES
 from vlchat.kernels.ops.activation import _act_and_mul_kernel
+from vlchat.kernels.ops.fp8_linear import FP8_GEMV, _fp8_gemv_kernel
 from vlchat.kernels.ops.linear import _gemv_kernel
 from vlchat.kernels.ops.rms_norm import _rms_norm_kernel
 from vlchat.kernels.ops.rotary import _rotary_kernel
@@ -29,8 +30,9 @@ PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse
 MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
 
 
-def compile_ptx(fn, constexprs, descriptors=None, divisible=(), **options) -> str:
-    """PTX of `fn` for sm_90 with dependent launch: pointers fp16 unless in PTR_TYPES, descriptors given by name
+def compile_ptx(fn, constexprs, descriptors=None, divisible=(), pointer_types=None, **options) -> str:
+    """PTX of `fn` for sm_90 with dependent launch: pointers fp16 unless in PTR_TYPES or `pointer_types` (by name),
+    descriptors given by name
     (a Gluon kernel), the rest int32 (FLOATS fp32); the arguments named in `divisible` multiples of 16, as
     Triton's launcher specializes them when they are (aligned pointers, sizes), which lets loads vectorize."""
     sig = {}
@@ -40,7 +42,7 @@ def compile_ptx(fn, constexprs, descriptors=None, divisible=(), **options) -> st
         elif name in (descriptors or {}):
             sig[name] = descriptors[name]
         elif name.endswith("_ptr"):
-            sig[name] = PTR_TYPES.get(name, "*fp16")
+            sig[name] = {**PTR_TYPES, **(pointer_types or {})}.get(name, "*fp16")
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
     if descriptors:
@@ -119,6 +121,16 @@ def main() -> None:
         ),
         "silu_and_mul": before_wait(compile_ptx(_act_and_mul_kernel, dict(ACT="silu", BLOCK=1024, PDL=True))),
     }  # fmt: skip
+    fp8_gemv = compile_ptx(
+        _fp8_gemv_kernel,
+        dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=FP8_GEMV.block_n, BLOCK_K=FP8_GEMV.block_k, SPLIT=True, CHUNK=8,
+             PDL=True),
+        divisible=("xq_ptr", "w_ptr", "K", "stride_xm", "stride_wn", "k_per_split"),
+        pointer_types={"xq_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr": "*fp32",
+                       "b_ptr": "*fp32"},
+        num_warps=FP8_GEMV.num_warps, num_stages=FP8_GEMV.num_stages,
+    )  # fmt: skip
+    report["fp8_gemv"] = {**before_wait(fp8_gemv), "fp8_mma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\S*", fp8_gemv)))}
     if gluon_sm90.gluon is not None:
         for grid in ("one_wave", "waves", "long", "short"):
             name = "decode_ws" if grid == "one_wave" else f"decode_ws_{grid}"

@@ -91,6 +91,14 @@ def test_decode_step_ops_wait_before_reading_the_previous_kernels_output(sm90_pt
         assert sm90_ptx[op] == {"before": [], "launches_dependents": True, "launches": 1}, op
 
 
+def test_fp8_gemv_multiplies_on_fp8_tensor_cores_after_the_wait(sm90_ptx):
+    """The FP8 GEMV (kernels/ops/fp8_linear.py) reads nothing before griddepcontrol.wait (its x is the quantizing
+    kernel's output) and multiplies with sm_90's e4m3 warpgroup MMA, x's 16 padded rows the narrow side."""
+    gemv = sm90_ptx["fp8_gemv"]
+    assert gemv["before"] == [] and gemv["launches_dependents"] and gemv["launches"] == 1
+    assert gemv["fp8_mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"]
+
+
 @needs_pdl
 @pytest.mark.parametrize("kernel", [pytest.param("gluon", marks=needs_sm90), "triton"])
 @pytest.mark.parametrize("splits", [1, 8])
