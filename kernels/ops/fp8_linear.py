@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from vlchat.kernels import dispatch
-from vlchat.kernels.device import DeviceInfo, device_for
 from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
+from vlchat.kernels.device import DeviceInfo, device_for
 from vlchat.kernels.launch import launch_compiled
 from vlchat.kernels.ops.quant_linear import GEMV_MAX_ROWS, finish_split_k, split_plan
 
