@@ -20,9 +20,9 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 
 echo "== 1. GPU tests: pieces against eager steps =="
 [ -n "${SKIP_TESTS:-}" ] && echo "(skipped: SKIP_TESTS)" > "$OUT/tests.log" ||
-timeout 180 pytest -q -p no:cacheprovider tests/llm/test_cuda_graphs.py \
+timeout 200 pytest -q -p no:cacheprovider --timeout 90 -o faulthandler_timeout=80 \
   tests/llm/test_engine_cuda.py::test_prefill_and_mixed_steps_replayed_in_pieces_match_eager_steps \
-  > "$OUT/tests.log" 2>&1
+  tests/llm/test_cuda_graphs.py > "$OUT/tests.log" 2>&1
 tests_rc=$?
 tail -3 "$OUT/tests.log"
 
