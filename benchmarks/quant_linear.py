@@ -11,7 +11,8 @@ of decode steps; 128-4096: the tiled GEMM of prefill), fp16:
   and the fraction of that rate the W4A16 product reaches;
 - FP8 us: kernels/ops/fp8_linear.py as the engine runs it (per-token FP8 activations; the FP8 GEMV up to 16 rows,
   torch._scaled_mm above) where the GPU has FP8 tensor cores (sm_89+), else "-"; FP8 floor us: reading the FP8
-  weight's bytes, and the fraction of that rate FP8 reaches;
+  weight's bytes, and the fraction of that rate FP8 reaches; FP8 GEMV / _scaled_mm us: each of the two alone
+  (the GEMV up to its 128 rows), which places fp8_linear.GEMV_ROWS;
 - layer rows: the four projections summed (the weight part of one decoder layer's step).
 
 Times are CUDA-graph replays over enough weight copies to defeat the L2 (graph_time_us). The memory table gives
@@ -31,7 +32,7 @@ from benchmarks.gpu_timing import graph_time_us, read_floor_us
 from benchmarks.report import device_header, result_stem, results_parser, save_results, versions_line
 
 SHAPES = {"q/k/v": (12288, 4096), "o": (4096, 4096), "gate/up": (22016, 4096), "down": (4096, 11008)}  # (N, K)
-ROWS = (1, 2, 4, 8, 16, 128, 512, 1024, 4096)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096)
 MODELS = {  # hidden, intermediate, layers, vocab (Llama 2, MHA)
     "7B": (4096, 11008, 32, 32000),
     "13B": (5120, 13824, 40, 32000),
@@ -231,7 +232,7 @@ def _fp8_sets(n: int, k: int):
 
 
 def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
-    from vlchat.kernels.ops.fp8_linear import fp8_tensor_cores
+    from vlchat.kernels.ops.fp8_linear import MAX_GEMV_ROWS, fp8_gemv, fp8_scaled_mm, fp8_tensor_cores
     from vlchat.kernels.ops.quant_linear import dequantize_w4, w4a16_triton
 
     quant_bytes = w4_bytes(n, k, group)
@@ -250,8 +251,12 @@ def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
         fp16_us = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in dense])
         w4_us = graph_time_us([lambda q=q, x=x: w4a16_triton(x, *q, None, group) for q in quant])
         fp8_us = graph_time_us([lambda w=w, x=x: fp8_tensor_cores(x, *w) for w in fp8]) if fp8 else None
+        fp8_gemv_us = fp8_mm_us = None
+        if fp8 and rows <= MAX_GEMV_ROWS:
+            fp8_gemv_us = graph_time_us([lambda w=w, x=x: fp8_gemv(x, *w) for w in fp8])
+            fp8_mm_us = graph_time_us([lambda w=w, x=x: fp8_scaled_mm(x, *w) for w in fp8])
         row = {"shape": name, "n": n, "k": k, "rows": rows, "fp16_us": fp16_us, "w4_us": w4_us,
-               "fp8_us": fp8_us, "fp8_floor_us": fp8_floor,
+               "fp8_us": fp8_us, "fp8_floor_us": fp8_floor, "fp8_gemv_us": fp8_gemv_us, "fp8_mm_us": fp8_mm_us,
                "read_floor_us": floor, "quant_mb": quant_bytes / 2**20, "rel_err": err}  # fmt: skip
         rows_out.append(row)
         print(f"{name} rows {rows}: fp16 {fp16_us:.2f} us, W4A16 {w4_us:.2f} us, floor {floor:.2f} us", flush=True)
@@ -266,7 +271,7 @@ def layer_rows(rows: list[dict]) -> list[dict]:
     for count in sorted({r["rows"] for r in rows}):
         mine = [r for r in rows if r["rows"] == count]
         sums = {key: sum(r[key] for r in mine) for key in ("fp16_us", "w4_us", "read_floor_us")}
-        for key in ("fp8_us", "fp8_floor_us"):
+        for key in ("fp8_us", "fp8_floor_us", "fp8_gemv_us", "fp8_mm_us"):
             sums[key] = sum(r[key] for r in mine) if all(r.get(key) for r in mine) else None
         out.append({"rows": count, **sums})
     return out
@@ -291,14 +296,15 @@ def markdown(res: dict) -> str:
         "(benchmarks/quant_linear.py says what each column runs).", "",
         "## One layer's projections (q/k/v + o + gate/up + down)", "",
         "| rows | fp16 us | W4A16 us | W4A16 vs fp16 | read floor us | W4A16 of floor rate | FP8 us | FP8 vs fp16 "
-        "| FP8 floor us | FP8 of floor rate |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| FP8 floor us | FP8 of floor rate | FP8 GEMV us | FP8 _scaled_mm us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in layer_rows(res["rows"]):
         lines.append(f"| {r['rows']} | {r['fp16_us']:.1f} | {r['w4_us']:.1f} | {r['fp16_us'] / r['w4_us']:.2f}x | "
                      f"{r['read_floor_us']:.1f} | {r['read_floor_us'] / r['w4_us']:.2f} | {_us(r['fp8_us'], 1)} | "
                      f"{_ratio(r['fp16_us'], r['fp8_us'])} | {_us(r.get('fp8_floor_us'), 1)} | "
-                     f"{_of(r.get('fp8_floor_us'), r['fp8_us'])} |")  # fmt: skip
+                     f"{_of(r.get('fp8_floor_us'), r['fp8_us'])} | {_us(r.get('fp8_gemv_us'), 1)} | "
+                     f"{_us(r.get('fp8_mm_us'), 1)} |")  # fmt: skip
     lines += ["", "## Weight memory", "", "| model | " + " | ".join(FORMATS) + " |",
               "|---|" + "---|" * len(FORMATS)]  # fmt: skip
     for model in MODELS:

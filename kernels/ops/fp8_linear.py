@@ -1,8 +1,9 @@
 """y = x W^T (+ b) in FP8 (W8A8): W held as float8_e4m3fn [N, K] with one fp32 scale per output row, x quantized
 per row (token) to float8_e4m3fn on the fly, the product on FP8 tensor cores where the GPU has them (sm_89, sm_90
-and newer): up to GEMV_MAX_ROWS rows (decode) a split-k Triton GEMV (`_fp8_gemv_kernel`: the weight read is the
+and newer): up to GEMV_ROWS rows (decode) a split-k Triton GEMV (`_fp8_gemv_kernel`: the weight read is the
 time, and torch._scaled_mm's tiles, its bf16-only output and the cast after it cost more than the read at one
-row), more rows torch._scaled_mm.
+row), more rows torch._scaled_mm. The GEMV runs up to MAX_GEMV_ROWS rows (one tile of x's rows) for the
+benchmark that places GEMV_ROWS.
 
 Activation quantization (both implementations): s_x = max|x_row| / 448 (448 is e4m3's largest finite value; a zero
 row takes s_x = 1), x_q = fp8(x / s_x). Then y[m, n] = s_x[m] * s_w[n] * sum_k x_q[m, k] * W_q[n, k] + b[n].
@@ -24,9 +25,11 @@ from vlchat.kernels import dispatch
 from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from vlchat.kernels.device import DeviceInfo, device_for
 from vlchat.kernels.launch import launch_compiled
-from vlchat.kernels.ops.quant_linear import GEMV_MAX_ROWS, finish_split_k, split_plan
+from vlchat.kernels.ops.quant_linear import finish_split_k, split_plan
 
 OP = "ops.fp8_linear"
+GEMV_ROWS = 16  # rows up to which the GPU implementation takes the GEMV
+MAX_GEMV_ROWS = 128
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
@@ -72,7 +75,8 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(frozen=True, slots=True)
 class Fp8GemvConfig:
-    """The FP8 GEMV's tiles: block_n weight rows by block_k per step, against all (up to 16) rows of x."""
+    """The FP8 GEMV's tiles: block_n weight rows by block_k per step, against all rows of x (padded to 16 or the
+    next power of two)."""
 
     block_n: int
     block_k: int
@@ -82,8 +86,14 @@ class Fp8GemvConfig:
 
 
 # One entry for sm_89 and sm_90 (the arches with FP8 tensor cores): 128 x 128 FP8 weight tiles (16 KB a stage),
-# four stages in flight, two programs per SM; K is split until the programs fill the GPU.
+# four stages in flight, two programs per SM; K is split until the programs fill the GPU. Past 32 rows of x the
+# accumulator ([128, rows] fp32) takes eight warps.
 FP8_GEMV = Fp8GemvConfig(128, 128, 4, 4, 2)
+FP8_GEMV_WIDE = Fp8GemvConfig(128, 128, 8, 3, 2)
+
+
+def gemv_config(rows: int) -> Fp8GemvConfig:
+    return FP8_GEMV if rows <= 32 else FP8_GEMV_WIDE
 
 
 @triton.jit
@@ -94,7 +104,7 @@ def _fp8_gemv_kernel(
 ):  # fmt: skip
     # xq: [M, K] fp8, xs: [M] fp32; w: [N, K] fp8, ws: [N] fp32; out: [M, N]; part/count: finish_split_k's.
     # Program (pid_n, pid_s): BLOCK_N weight rows over K slice pid_s, as [BN, BK] x [BK, BM] FP8 dots (the weight
-    # tile is the MMA's 64-row side; x's rows, padded to 16, the narrow one).
+    # tile is the MMA's 64-row side; x's rows, padded to BLOCK_M >= 16, the narrow one).
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -123,24 +133,26 @@ def _fp8_gemv_kernel(
                    HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
 
-def fp8_gemv(x, weight, weight_scale, bias=None, *, config: Fp8GemvConfig = FP8_GEMV, splits: int | None = None):
-    """fp8_linear for up to GEMV_MAX_ROWS rows: x quantized per row (one launch), then the split-k FP8 GEMV (one
+def fp8_gemv(x, weight, weight_scale, bias=None, *, config: Fp8GemvConfig | None = None, splits: int | None = None):
+    """fp8_linear for up to MAX_GEMV_ROWS rows: x quantized per row (one launch), then the split-k FP8 GEMV (one
     launch, the bias added and x's dtype written in it). `config` and `splits` override the tiles (tests,
     benchmarks)."""
     m, k = x.shape
     n = weight.shape[0]
-    if m > GEMV_MAX_ROWS:
-        raise ValueError(f"the FP8 GEMV takes at most {GEMV_MAX_ROWS} rows; got {m}")
+    if m > MAX_GEMV_ROWS:
+        raise ValueError(f"the FP8 GEMV takes at most {MAX_GEMV_ROWS} rows; got {m}")
+    config = config or gemv_config(m)
+    block_m = max(16, triton.next_power_of_2(m))
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=x.dtype, device=x.device)
     x_q, x_scale = quantize_rows_triton(x)
     device = device_for(x)
-    plan = split_plan(x, n, config, 16, splits, device.sm_count)
+    plan = split_plan(x, n, config, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
     launch_compiled(_fp8_gemv_kernel, (plan.tiles, plan.splits),
         x_q, x_scale, weight, weight_scale, bias if bias is not None else weight_scale, plan.out, plan.part,
         plan.counters, m, n, k, x_q.stride(0), weight.stride(0), plan.out.stride(0), plan.k_per_split,
-        HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl_options(pdl),
     )  # fmt: skip
@@ -166,8 +178,8 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None):
 
 
 def fp8_tensor_cores(x, weight, weight_scale, bias=None):
-    """The GPU implementation: the GEMV up to GEMV_MAX_ROWS rows, torch._scaled_mm above."""
-    if x.shape[0] <= GEMV_MAX_ROWS:
+    """The GPU implementation: the GEMV up to GEMV_ROWS rows, torch._scaled_mm above."""
+    if x.shape[0] <= GEMV_ROWS:
         return fp8_gemv(x, weight, weight_scale, bias)
     return fp8_scaled_mm(x, weight, weight_scale, bias)
 

@@ -12,7 +12,6 @@ from vlchat.kernels import dispatch
 from vlchat.kernels.device import TritonMode
 from vlchat.kernels.ops.fp8_linear import (
     FP8,
-    FP8_GEMV,
     FP8_MAX,
     OP,
     Fp8GemvConfig,
@@ -110,7 +109,8 @@ SMALL = Fp8GemvConfig(32, 32, 4, 1, 2)  # interpreter-sized tiles: several colum
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("rows, n, k, splits", [(1, 64, 128, 1), (5, 80, 200, 3), (16, 48, 96, 2)], ids=str)
+@pytest.mark.parametrize("rows, n, k, splits", [(1, 64, 128, 1), (5, 80, 200, 3), (16, 48, 96, 2), (40, 32, 64, 2)],
+                         ids=str)  # fmt: skip
 def test_gemv_sums_the_reference_fp8_products(dtype, rows, n, k, splits):
     """The split-k FP8 GEMV (ragged N and K tiles, one or several K slices, a bias) computes the reference's W8A8
     product: the same FP8 values summed in fp32, scaled, written in x's dtype; the split counters end at zero."""
@@ -120,31 +120,34 @@ def test_gemv_sums_the_reference_fp8_products(dtype, rows, n, k, splits):
     bias = torch.randn(n, dtype=dtype, device=DEV)
     x_q, x_scale = quantize_rows_triton(x)
     want = (x_q.double() @ w_q.double().T) * x_scale.double() * w_scale.double()[None, :] + bias.double()
-    got = fp8_gemv(x, w_q, w_scale, bias, config=SMALL if not ON_GPU else FP8_GEMV, splits=splits)
+    got = fp8_gemv(x, w_q, w_scale, bias, config=None if ON_GPU else SMALL, splits=splits)
     assert got.dtype == dtype and got.shape == (rows, n)
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]  # the output's rounding
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < tol
     assert not split_counters(x.device, 8).any()
 
 
-def test_gemv_takes_up_to_16_rows_and_empty_products():
+def test_gemv_takes_up_to_128_rows_and_empty_products():
     w_q, w_scale = quantize_weight(torch.randn(32, 32, device=DEV))
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        fp8_gemv(torch.randn(17, 32, device=DEV), w_q, w_scale, config=SMALL)
+    with pytest.raises(ValueError, match="at most 128 rows"):
+        fp8_gemv(torch.randn(129, 32, device=DEV), w_q, w_scale, config=SMALL)
     assert fp8_gemv(torch.randn(0, 32, device=DEV), w_q, w_scale, config=SMALL).shape == (0, 32)
 
 
 @pytest.mark.skipif(not FP8_GPU, reason="FP8 tensor cores need an sm_89+ GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("rows", [1, 3, 16, 17], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 64, 128], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("n, k", [(11008, 4096), (4096, 11008), (1000, 4096)], ids=str)
-def test_gpu_path_matches_the_reference_on_7b_shapes(dtype, rows, n, k):
-    """What the engine runs on an FP8 GPU (the GEMV up to 16 rows, _scaled_mm above) at 7B projections."""
+def test_gpu_paths_match_the_reference_on_7b_shapes(dtype, rows, n, k):
+    """What the engine runs on an FP8 GPU (fp8_linear: the GEMV up to GEMV_ROWS rows, _scaled_mm above) and the
+    GEMV at every row count it takes, at 7B projections."""
     torch.manual_seed(rows)
     x = torch.randn(rows, k, device=DEV, dtype=dtype)
     w_q, w_scale = quantize_weight(torch.randn(n, k, device=DEV) * 0.02)
     bias = torch.randn(n, device=DEV, dtype=dtype)
     want = fp8_reference(x, w_q, w_scale, bias).double()
+    gemv = fp8_gemv(x, w_q, w_scale, bias)
+    assert ((gemv.double() - want).abs().max() / want.abs().max()).item() < 1e-2
     got = fp8_linear(x, w_q, w_scale, bias)
     assert got.dtype == dtype and got.shape == (rows, n)
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-2
