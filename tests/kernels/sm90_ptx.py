@@ -125,12 +125,16 @@ def main() -> None:
         _fp8_gemv_kernel,
         dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=FP8_GEMV.block_n, BLOCK_K=FP8_GEMV.block_k, SPLIT=True, CHUNK=8,
              PDL=True),
-        divisible=("xq_ptr", "w_ptr", "K", "stride_xm", "stride_wn", "k_per_split"),
+        divisible=("xq_ptr", "w_ptr", "xs_ptr", "ws_ptr", "K", "stride_xm", "stride_wn", "k_per_split"),
         pointer_types={"xq_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr": "*fp32",
                        "b_ptr": "*fp32"},
         num_warps=FP8_GEMV.num_warps, num_stages=FP8_GEMV.num_stages,
     )  # fmt: skip
-    report["fp8_gemv"] = {**before_wait(fp8_gemv), "fp8_mma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\S*", fp8_gemv)))}
+    report["fp8_gemv"] = {
+        **before_wait(fp8_gemv),
+        "fp8_mma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\S*", fp8_gemv))),
+        "async_16_byte_copies": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", fp8_gemv)),
+    }
     if gluon_sm90.gluon is not None:
         for grid in ("one_wave", "waves", "long", "short"):
             name = "decode_ws" if grid == "one_wave" else f"decode_ws_{grid}"
