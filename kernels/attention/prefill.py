@@ -288,7 +288,8 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     kr, vr = (k, v) if rows else (k_cache, v_cache)
     c_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if paged else (0,) * 6
     r_strides = (*k.stride()[:2], *v.stride()[:2]) if rows else (0,) * 4
-    softcapped, block_d = bool(softcap and softcap > 0), triton.next_power_of_2(head_dim)
+    # a compiled tl.dot takes K >= 16: a head_dim under 16 (tiny vision towers) is padded, its columns masked
+    softcapped, block_d = bool(softcap and softcap > 0), max(16, triton.next_power_of_2(head_dim))
     if softcapped:
         pre_scale, post_scale = scale / softcap, softcap * LOG2E
     else:

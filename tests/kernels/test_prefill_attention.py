@@ -145,3 +145,18 @@ def test_varlen_matches_reference(head_dim, dtype, causal, source):
     varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, config=config, out=out)
     ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
     assert_close(out, ref, dtype)
+
+
+def test_varlen_pads_a_head_dim_under_16_for_the_dot(monkeypatch):
+    """A compiled tl.dot needs K >= 16: a tiny vision tower's head_dim of 8 runs with 16 columns, 8 masked (this
+    failed to compile on the GPU with BLOCK_D 8), and matches the reference."""
+    blocks = []
+    launch = prefill.launch_compiled
+    monkeypatch.setattr(prefill, "launch_compiled", lambda *a, **kw: blocks.append(kw["BLOCK_D"]) or launch(*a, **kw))
+    lens = [3, 20]
+    cu = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lens), 4, 8, device=DEV, dtype=torch.float16) for _ in range(3))
+    out = varlen.varlen_attention(q, k, v, cu, max(lens), 8**-0.5, False, config=SMALL or PrefillConfig(64, 64, 4, 2))
+    ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), 8**-0.5, False)
+    assert blocks == [16]
+    assert_close(out, ref, torch.float16)
