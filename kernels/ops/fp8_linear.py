@@ -9,8 +9,9 @@ Activation quantization (both implementations): s_x = max|x_row| / 448 (448 is e
 row takes s_x = 1), x_q = fp8(x / s_x). Then y[m, n] = s_x[m] * s_w[n] * sum_k x_q[m, k] * W_q[n, k] + b[n].
 The reference computes that sum in fp32 from the same fp8 values (the CPU path and the ground truth);
 torch._scaled_mm accumulates in fp32 on the tensor cores and writes bf16 (its row-wise scaling writes no other type),
-rounded to x's dtype after. The GEMV sums the same FP8 products in fp32 on the tensor cores, scales them and
-writes x's dtype (and the bias) itself.
+rounded to x's dtype after. The GEMV sums the same FP8 products in fp32 on the tensor cores (Triton multiplies
+e4m3 operands directly where the tile suits the FP8 MMA, else as their exact fp16 values), scales them and writes
+x's dtype (and the bias) itself.
 """
 
 from __future__ import annotations
@@ -85,10 +86,11 @@ class Fp8GemvConfig:
     waves: int  # programs per SM the split count aims at
 
 
-# One entry for sm_89 and sm_90 (the arches with FP8 tensor cores): 128 x 128 FP8 weight tiles (16 KB a stage),
-# four stages in flight, two programs per SM; K is split until the programs fill the GPU. Past 32 rows of x the
-# accumulator ([128, rows] fp32) takes eight warps.
-FP8_GEMV = Fp8GemvConfig(128, 128, 4, 4, 2)
+# One entry for sm_89 and sm_90 (the arches with FP8 tensor cores), the fastest of those an H100 measured at 1 and
+# 16 rows over a 7B layer's four projections (docs/PERF.md#fp8-w8a8): 32 weight rows by 512 of K a step, two stages,
+# four programs per SM. Fewer, longer K slices beat more programs: each slice's partial and the reduction cost a
+# round trip. Past 32 rows of x the accumulator ([block_n, rows] fp32) takes wider tiles and eight warps.
+FP8_GEMV = Fp8GemvConfig(32, 512, 4, 2, 4)
 FP8_GEMV_WIDE = Fp8GemvConfig(128, 128, 8, 3, 2)
 
 
@@ -103,8 +105,8 @@ def _fp8_gemv_kernel(
     SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # xq: [M, K] fp8, xs: [M] fp32; w: [N, K] fp8, ws: [N] fp32; out: [M, N]; part/count: finish_split_k's.
-    # Program (pid_n, pid_s): BLOCK_N weight rows over K slice pid_s, as [BN, BK] x [BK, BM] FP8 dots (the weight
-    # tile is the MMA's 64-row side; x's rows, padded to BLOCK_M >= 16, the narrow one).
+    # Program (pid_n, pid_s): BLOCK_N weight rows over K slice pid_s, as [BN, BK] x [BK, BM] dots of FP8 values (the
+    # weight tile is the MMA's row side; x's rows, padded to BLOCK_M >= 16, the narrow one).
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     splits = tl.num_programs(1)

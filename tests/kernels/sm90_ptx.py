@@ -132,7 +132,7 @@ def main() -> None:
     )  # fmt: skip
     report["fp8_gemv"] = {
         **before_wait(fp8_gemv),
-        "fp8_mma": sorted(set(re.findall(r"wgmma\.mma_async\S*e4m3\S*", fp8_gemv))),
+        "mma": sorted(set(re.findall(r"(?:wgmma\.mma_async|mma\.sync)\S*", fp8_gemv))),
         "async_16_byte_copies": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", fp8_gemv)),
     }
     if gluon_sm90.gluon is not None:

@@ -91,15 +91,15 @@ def test_decode_step_ops_wait_before_reading_the_previous_kernels_output(sm90_pt
         assert sm90_ptx[op] == {"before": [], "launches_dependents": True, "launches": 1}, op
 
 
-def test_fp8_gemv_multiplies_on_fp8_tensor_cores_after_the_wait(sm90_ptx):
+def test_fp8_gemv_multiplies_on_tensor_cores_after_the_wait(sm90_ptx):
     """The FP8 GEMV (kernels/ops/fp8_linear.py) reads nothing before griddepcontrol.wait (its x is the quantizing
-    kernel's output) and multiplies with sm_90's e4m3 warpgroup MMA, x's 16 padded rows the narrow side; its tiles
-    arrive by 16-byte asynchronous copies, pipelined: a stage is 8 copies of the 128 x 128 weight tile and one of
-    x's, per thread, and the prologue issues three stages before the loop's one (36 in the text)."""
+    kernel's output). Its 32-row weight tiles are below the warpgroup MMA's 64, so Triton multiplies the e4m3 values
+    as fp16 (exact) on the warp-level MMA with fp32 sums. Its tiles arrive by 16-byte asynchronous copies,
+    pipelined: a stage is 8 copies of the 32 x 512 weight tile and 4 of x's 16 x 512, per thread, two stages."""
     gemv = sm90_ptx["fp8_gemv"]
     assert gemv["before"] == [] and gemv["launches_dependents"] and gemv["launches"] == 1
-    assert gemv["fp8_mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"]
-    assert gemv["async_16_byte_copies"] == 9 * 4
+    assert gemv["mma"] == ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    assert gemv["async_16_byte_copies"] == (8 + 4) * 2
 
 
 @needs_pdl

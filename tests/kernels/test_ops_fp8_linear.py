@@ -122,7 +122,8 @@ def test_gemv_sums_the_reference_fp8_products(dtype, rows, n, k, splits):
     want = (x_q.double() @ w_q.double().T) * x_scale.double() * w_scale.double()[None, :] + bias.double()
     got = fp8_gemv(x, w_q, w_scale, bias, config=None if ON_GPU else SMALL, splits=splits)
     assert got.dtype == dtype and got.shape == (rows, n)
-    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]  # the output's rounding
+    # the output's rounding; on the GPU the FP8 tensor cores' fp32 accumulation keeps fewer bits (Hopper's about 14)
+    tol = {torch.float32: 1e-3 if ON_GPU else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     assert ((got.double() - want).abs().max() / want.abs().max()).item() < tol
     assert not split_counters(x.device, 8).any()
 
