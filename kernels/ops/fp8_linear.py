@@ -45,20 +45,34 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
     # One program per row: its largest magnitude over K, then the row divided by its scale (quantize_rows' math).
+    # A row of at most BLOCK values is loaded once and kept in registers (one memory round trip, where a loop
+    # over K blocks would wait for one per block and pass).
     row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
-        offs = k0 + tl.arange(0, BLOCK)
+    if BLOCK >= K:
+        offs = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.max(amax, axis=0) / FP8_MAX
-    scale = tl.where(scale > 0, scale, 1.0)
-    tl.store(s_ptr + row, scale)
-    for k0 in range(0, K, BLOCK):
-        offs = k0 + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+        scale = tl.max(tl.abs(x), axis=0) / FP8_MAX
+        scale = tl.where(scale > 0, scale, 1.0)
+        tl.store(s_ptr + row, scale)
         q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)  # div_rn: torch's correctly rounded division
         tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+    else:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.max(amax, axis=0) / FP8_MAX
+        scale = tl.where(scale > 0, scale, 1.0)
+        tl.store(s_ptr + row, scale)
+        for k0 in range(0, K, BLOCK):
+            offs = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+            q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)
+            tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+
+
+ROW_BLOCK = 16384  # the longest row quantized in one pass (16 warps: 32 values a thread)
 
 
 def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,9 +82,9 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((rows, k), dtype=FP8, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
-        block = min(triton.next_power_of_2(k), 2048)
+        block = min(triton.next_power_of_2(k), ROW_BLOCK)
         launch_compiled(_quantize_rows_kernel, (rows,), x, q, scale, k, x.stride(0), q.stride(0),
-                        FP8_MAX=FP8_MAX, BLOCK=block, num_warps=4)  # fmt: skip
+                        FP8_MAX=FP8_MAX, BLOCK=block, num_warps=min(16, max(4, block // 1024)))  # fmt: skip
     return q, scale
 
 

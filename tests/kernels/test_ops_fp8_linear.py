@@ -39,9 +39,10 @@ def test_rows_are_scaled_to_the_fp8_range():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("rows, k", [(1, 64), (5, 3000), (3, 4096)], ids=str)
+@pytest.mark.parametrize("rows, k", [(1, 64), (5, 3000), (3, 4096), (2, 20000)], ids=str)
 def test_one_launch_row_quantization_equals_the_torch_expression(dtype, rows, k):
-    """The Triton row quantization (one launch; several K blocks when k > 2048, a zero row) is bitwise quantize_rows."""
+    """The Triton row quantization (one launch: rows of up to ROW_BLOCK values in one pass, longer ones in K blocks;
+    a zero row) is bitwise quantize_rows."""
     torch.manual_seed(k)
     x = (torch.randn(rows, k) * torch.logspace(-3, 2, rows)[:, None]).to(dtype).to(DEV)
     x[rows // 2] = 0
