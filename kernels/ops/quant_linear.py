@@ -17,8 +17,12 @@ Two kernels, chosen by the number of rows M:
   workspace; the last program of a column tile to finish (a counter per tile) adds them, adds the bias and writes
   the output, then sets its counter back to zero: one launch per product. With programmatic dependent launch
   (sm_90) a program loads its first codes before waiting for the kernel before it.
-- More rows (prefill, large batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
+- More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
   the weight tile dequantized to the activation dtype and fed to tl.dot.
+- DEQUANT_ROWS rows and more (prefill): `_w4_dequant_kernel` writes the whole weight in the activation dtype (a
+  transient [K, N] tensor) and torch's matmul multiplies: the tiled GEMM's dequantization per tile (once per
+  row tile of x) made it 2-3x slower than the fp16 product there, while one dequantization costs about a fifth
+  of a 16-bit weight read more than the fp16 product itself.
 Codes become floats without conversion instructions (a GPU converts integers to floats at a fraction of its
 arithmetic rate): a code OR'd into the mantissa of a float whose last mantissa bit weighs 1 (2^23 for fp32, 1024
 for fp16, 128 for bf16) is that float plus the code, and subtracting (that float + zero) leaves q - z exactly.
@@ -43,6 +47,7 @@ from vlchat.kernels.launch import launch_compiled
 
 OP = "ops.w4a16_linear"
 GEMV_MAX_ROWS = 16  # rows per call that take the split-k GEMV; more take the tiled GEMM
+DEQUANT_ROWS = 256  # rows per call from which the weight is dequantized whole and torch multiplies
 PACK = 8  # 4-bit codes per int32
 GROUP_SIZES = (32, 64, 128)
 REDUCE_VALUES = 8192  # partial sums the reducing program loads at once ([slices, BLOCK_M, BLOCK_N])
@@ -328,6 +333,43 @@ def _w4a16_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, g_ptr, w_ptr, K, N, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                       HAS_GIDX: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; w: [K, N] out. Program (pid_k, pid_n): a
+    # [BLOCK_K, BLOCK_N] tile of W^T, (q - z) * s in fp32 (exact) rounded once to w's dtype, as dequantize_w4.
+    pid_k = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_w = pid_k * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_mask = offs_k < K
+    n_mask = offs_n < N
+    packed = tl.load(qw_ptr + offs_w.to(tl.int64)[:, None] * N + offs_n[None, :],
+                     mask=(offs_w < K // 8)[:, None] & n_mask[None, :], other=0)  # fmt: skip
+    codes = _biased_codes(packed, 0x4B000000, BLOCK_K, BLOCK_N)  # 2^23 + q, fp32
+    g = tl.load(g_ptr + offs_k, mask=k_mask, other=0) if HAS_GIDX else offs_k // GROUP
+    sz = g.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = k_mask[:, None] & n_mask[None, :]
+    s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32) if HAS_ZEROS else 8.0
+    w = (codes - (8388608.0 + z)) * s
+    tl.store(w_ptr + offs_k.to(tl.int64)[:, None] * N + offs_n[None, :], w.to(w_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_w4_triton(qweight, scales, zeros, g_idx, group_size, dtype) -> torch.Tensor:
+    """dequantize_w4's values in one launch, transposed: W^T [K, N] in `dtype` (contiguous)."""
+    k, n = qweight.shape[0] * PACK, qweight.shape[1]
+    w = torch.empty((k, n), dtype=dtype, device=qweight.device)
+    block_k, block_n = min(64, group_size), 128
+    launch_compiled(_w4_dequant_kernel, (triton.cdiv(k, block_k), triton.cdiv(n, block_n)),
+        qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight, w, k, n,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, BLOCK_K=block_k,
+        BLOCK_N=block_n, num_warps=4,
+    )  # fmt: skip
+    return w
+
+
 _counters: dict = {}
 
 
@@ -406,6 +448,9 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
         raise ValueError(f"without g_idx a K step must lie in one group: block_k {cfg.block_k}, group {group_size}")
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if config is None and m >= DEQUANT_ROWS:
+        w = dequantize_w4_triton(qweight, scales, zeros, g_idx, group_size, x.dtype)
+        return torch.addmm(bias, x, w) if bias is not None else x @ w
     if m <= GEMV_MAX_ROWS:
         return _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg, splits, device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)

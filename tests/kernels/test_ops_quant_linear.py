@@ -12,12 +12,14 @@ from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, sim_device
 from vlchat.kernels import dispatch
 from vlchat.kernels.device import device_for
 from vlchat.kernels.ops.quant_linear import (
+    DEQUANT_ROWS,
     GEMV_MAX_ROWS,
     OP,
     W4A16_CONFIGS,
     W4Config,
     W4GemvConfig,
     dequantize_w4,
+    dequantize_w4_triton,
     launch_config,
     pack_int4,
     split_count,
@@ -193,3 +195,25 @@ def test_a_captured_product_replays(rows):
         graph.replay()
         torch.cuda.synchronize()
         _assert_close(y, _want(x, qweight, scales, z, gi, 128), torch.float16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group, zeros, g_idx", [(32, True, False), (128, False, False), (64, True, True)], ids=str)
+def test_whole_weight_dequantization_equals_the_reference(dtype, group, zeros, g_idx):
+    """The one-launch dequantization (ragged N, per-row groups with g_idx) is bitwise dequantize_w4, transposed."""
+    qweight, scales, z, gi = _weights(K, N, group, zeros, g_idx, dtype, seed=group)
+    got = dequantize_w4_triton(qweight, scales, z, gi, group, dtype)
+    assert got.shape == (K, N) and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got, dequantize_w4(qweight, scales, z, gi, group, dtype).T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefill_rows_multiply_the_dequantized_weight(dtype):
+    """From DEQUANT_ROWS rows the product is the dequantized weight through torch's matmul, with the bias."""
+    qweight, scales, z, gi = _weights(K, N, 64, True, False, dtype, seed=3)
+    x = torch.randn(DEQUANT_ROWS + 3, K, device=DEV).to(dtype)
+    bias = torch.randn(N, device=DEV).to(dtype)
+    got = w4a16_linear(x, qweight, scales, z, gi, 64, bias) if ON_GPU else w4a16_triton(x, qweight, scales, z, gi, 64,
+                                                                                          bias)  # fmt: skip
+    assert got.shape == (DEQUANT_ROWS + 3, N) and got.dtype == dtype
+    _assert_close(got, _want(x, qweight, scales, z, gi, 64, bias), dtype)
