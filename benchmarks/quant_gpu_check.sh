@@ -4,10 +4,12 @@
 #   bash benchmarks/quant_gpu_check.sh
 #
 # 1. the quantized kernels' and layers' GPU tests (W4A16, FP8, GGUF dequantization; CUDA-graph decoding);
-# 2. benchmarks: quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections), quant_decode (engine
-#    decode steps of the 7B shape: fp16, GPTQ W4A16, FP8), and the serving comparison fp16 vs --quantization fp8
-#    (Llama-2-7B shape, sharegpt-like-v1, 1,000 prompts, concurrency 128).
-# Each step has its own time limit (together under 8 minutes); a step that fails or runs out of time is
+# 2. benchmarks: quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections), fp8_gemv_tune (the FP8
+#    GEMV's tiles against torch._scaled_mm), quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16,
+#    FP8), and the serving comparison fp16 vs --quantization fp8 (Llama-2-7B shape, sharegpt-like-v1, 1,000
+#    prompts, concurrency 128).
+# Each step has its own time limit (together under 10 minutes; on an H100 2026-12-06 the steps before
+# fp8_gemv_tune took 4 minutes); a step that fails or runs out of time is
 # recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files: summary.md and
 # quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
 set -uo pipefail
@@ -53,6 +55,7 @@ step tests 140 $PY -m pytest -q -x -p no:cacheprovider \
   tests/llm/test_gguf.py::test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers
 step quant_linear 110 $PY -m benchmarks.quant_linear --out "$RUN/results"
 step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
+step fp8_gemv_tune 120 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results"
 step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
 for q in fp16 fp8; do
   extra=()
@@ -65,12 +68,13 @@ done
   echo
   echo "| step | status | s |"
   echo "|---|---|---|"
-  for s in tests quant_linear gguf_linear quant_decode serving_fp16 serving_fp8; do
+  for s in tests quant_linear gguf_linear fp8_gemv_tune quant_decode serving_fp16 serving_fp8; do
     echo "| $s | ${STATUS[$s]:-not run} | ${TIME[$s]:--} |"
   done
   echo
   tail -n 1 "$RUN/tests.log" 2>/dev/null | sed 's/^/tests: /'
   grep -h -A8 "^| format |" "$RUN"/results/quant_decode_*.md 2>/dev/null
+  grep -h -A5 "^| rows | scaled_mm_us" "$RUN"/results/fp8_gemv_tune_*.md 2>/dev/null
   for q in fp16 fp8; do
     grep -h -i -m1 "req/s" "$RUN/serving_$q.log" 2>/dev/null | sed "s/^/serving $q: /"
   done
