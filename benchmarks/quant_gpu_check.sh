@@ -49,11 +49,11 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $RUN/NAM
   echo "$name: ${STATUS[$name]} (${TIME[$name]} s)"
 }
 
-step tests 140 $PY -m pytest -q -x -p no:cacheprovider \
+step tests 120 $PY -m pytest -q -x -p no:cacheprovider \
   tests/kernels/test_ops_quant_linear.py tests/kernels/test_ops_fp8_linear.py tests/kernels/test_ops_gguf_dequant.py tests/kernels/test_ops_gguf_linear.py \
   tests/llm/test_quantization.py::test_a_quantized_model_decodes_the_same_from_cuda_graphs_as_eagerly \
   tests/llm/test_gguf.py::test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers
-step quant_linear 110 $PY -m benchmarks.quant_linear --out "$RUN/results"
+step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
 step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
 step fp8_gemv_tune 120 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results"
 step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
