@@ -26,7 +26,7 @@ from vlchat.kernels import dispatch
 from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
 from vlchat.kernels.device import DeviceInfo, device_for
 from vlchat.kernels.launch import launch_compiled
-from vlchat.kernels.ops.quant_linear import finish_split_k, split_plan
+from vlchat.kernels.ops.quant_linear import finish_split_k, split_k_program, split_plan
 
 OP = "ops.fp8_linear"
 GEMV_ROWS = 16  # rows up to which the GPU implementation takes the GEMV
@@ -121,16 +121,9 @@ def _fp8_gemv_kernel(
     # xq: [M, K] fp8, xs: [M] fp32; w: [N, K] fp8, ws: [N] fp32; out: [M, N]; part/count: finish_split_k's.
     # Program (pid_n, pid_s): BLOCK_N weight rows over K slice pid_s, as [BN, BK] x [BK, BM] dots of FP8 values (the
     # weight tile is the MMA's row side; x's rows, padded to BLOCK_M >= 16, the narrow one).
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    splits = tl.num_programs(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
+        M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     offs_k = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    k_begin = pid_s * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_begin + offs_k)[None, :]  # [BN, BK]
     x_ptrs = xq_ptr + offs_m[None, :] * stride_xm + (k_begin + offs_k)[:, None]  # [BK, BM]
     launch_next_then_wait(PDL)  # x is the quantizing kernel's output

@@ -181,6 +181,19 @@ def _unscale(BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def split_k_program(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # A split-k GEMV program (pid_n, pid_s) of a (column tiles, splits) grid: its ids, the slice count, its rows
+    # and columns with their masks, and its K slice [k_begin, k_end).
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_begin = pid_s * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    return pid_n, pid_s, tl.num_programs(1), offs_m, offs_n, offs_m < M, offs_n < N, k_begin, k_end
+
+
+@triton.jit
 def finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
                    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr):  # fmt: skip
@@ -224,16 +237,9 @@ def _w4a16_gemv_kernel(
 ):  # fmt: skip
     # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part: [splits, M, N] fp32;
     # count: [column tiles] int32, zero between calls. Program (pid_n, pid_s): BLOCK_N columns over K slice pid_s.
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    splits = tl.num_programs(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
+        M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     offs_w = tl.arange(0, BLOCK_K // 8)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    k_begin = pid_s * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
     w_ptrs = qw_ptr + (k_begin // 8 + offs_w).to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK // 8, BN]
     # the first codes before the wait: weights are no kernel's output, so their read overlaps the kernel before
     # this one (dependent launch); x, the counters and every store come after it
