@@ -29,7 +29,7 @@ from vlchat.kernels.launch import launch_compiled
 from vlchat.kernels.ops.quant_linear import finish_split_k, split_k_program, split_plan
 
 OP = "ops.fp8_linear"
-GEMV_ROWS = 16  # rows up to which the GPU implementation takes the GEMV
+GEMV_ROWS = 64  # rows up to which the GPU implementation takes the GEMV
 MAX_GEMV_ROWS = 128
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -100,16 +100,18 @@ class Fp8GemvConfig:
     waves: int  # programs per SM the split count aims at
 
 
-# One entry for sm_89 and sm_90 (the arches with FP8 tensor cores), the fastest of those an H100 measured at 1 and
-# 16 rows over a 7B layer's four projections (docs/PERF.md#fp8-w8a8): 32 weight rows by 512 of K a step, two stages,
-# four programs per SM. Fewer, longer K slices beat more programs: each slice's partial and the reduction cost a
-# round trip. Past 32 rows of x the accumulator ([block_n, rows] fp32) takes wider tiles and eight warps.
+# One table for sm_89 and sm_90 (the arches with FP8 tensor cores): the fastest of those an H100 measured over a 7B
+# layer's four projections (docs/PERF.md#fp8-w8a8). Up to 16 rows of x: 32 weight rows by 512 of K a step, two
+# stages, four programs per SM (fewer, longer K slices beat more programs: each slice's partial and the reduction
+# cost a round trip); up to 64 rows 64 x 256, three stages, two programs per SM (1.09x _scaled_mm at 64 rows,
+# where the first tiles only matched it). Past 64 (the benchmark's rows only) wider tiles and eight warps.
 FP8_GEMV = Fp8GemvConfig(32, 512, 4, 2, 4)
+FP8_GEMV_MID = Fp8GemvConfig(64, 256, 4, 3, 2)
 FP8_GEMV_WIDE = Fp8GemvConfig(128, 128, 8, 3, 2)
 
 
 def gemv_config(rows: int) -> Fp8GemvConfig:
-    return FP8_GEMV if rows <= 32 else FP8_GEMV_WIDE
+    return FP8_GEMV if rows <= 16 else FP8_GEMV_MID if rows <= 64 else FP8_GEMV_WIDE
 
 
 @triton.jit
