@@ -14,8 +14,9 @@ bytes each (`blocks`: [rows, cols / BLOCK_ELEMS * BLOCK_BYTES] uint8). Layouts, 
   w = (d * scales[e // 16]) * (q - 32).
 Every product is formed in fp32 in the reference's order, so both implementations give gguf-py's floats.
 
-`dequantize_rows(blocks, qtype, cols, dtype)` dispatches: the Triton kernel (one program per block, the
-codes gathered from the block's bytes) on a GPU, the torch reference elsewhere. The model layers
+`dequantize_rows(blocks, qtype, cols, dtype)` dispatches: the Triton kernel (a program per eight blocks of a row;
+the K-quants' bytes loaded once each by `kquant_tile`, the 32-element types' codes gathered per element) on a
+GPU, the torch reference elsewhere. The model layers
 (llm/gguf_layers.py) dequantize one layer's weight or the gathered rows of an embedding per call.
 """
 
@@ -153,7 +154,41 @@ def block_values(bp, e, QTYPE: tl.constexpr):
     return w
 
 
-TILE_ELEMS = 256  # elements per program of the dequantizing kernel: one K-quant block, eight 32-element blocks
+@triton.jit
+def kquant_tile(bp, QTYPE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """fp32 values [BLOCK_R, 256] of the K-quant blocks (Q4_K, Q5_K, Q6_K) at byte pointers `bp` [BLOCK_R]: the
+    values block_values gives, computed the same way, but each byte of a block loaded once (contiguous runs of
+    codes, eight or sixteen scales a row) instead of once per element that reads it."""
+    b3 = bp[:, None, None]
+    if QTYPE == 14:  # Q6_K: codes [half h, shift n, 64 bytes] and high bits [half, shift s, 32 bytes]
+        ql = tl.load(b3 + 64 * tl.arange(0, 2)[None, :, None] + tl.arange(0, 64)[None, None, :]).to(tl.int32)
+        low = (ql[:, :, None, :] >> (4 * tl.arange(0, 2))[None, None, :, None]) & 15  # [R, 2, 2, 64]
+        qh = tl.load(b3 + 128 + 32 * tl.arange(0, 2)[None, :, None] + tl.arange(0, 32)[None, None, :]).to(tl.int32)
+        high = (qh[:, :, None, :] >> (2 * tl.arange(0, 4))[None, None, :, None]) & 3  # [R, 2, 4, 32]
+        q = tl.reshape(low, (BLOCK_R, 256)) | (tl.reshape(high, (BLOCK_R, 256)) << 4)
+        sc = tl.load(bp[:, None] + 192 + tl.arange(0, 16)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        scale = _f16_at(bp + 208)[:, None] * sc  # [R, 16]
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, 16, 16)), (BLOCK_R, 256))
+        w = scale * (q - 32).to(tl.float32)
+    else:  # Q4_K, Q5_K: codes [64-element chunk c, nibble h, 32 bytes]: sub-block j = 2c + h
+        QS: tl.constexpr = 16 if QTYPE == 12 else 48
+        qs = tl.load(b3 + QS + 32 * tl.arange(0, 4)[None, :, None] + tl.arange(0, 32)[None, None, :]).to(tl.int32)
+        q = (qs[:, :, None, :] >> (4 * tl.arange(0, 2))[None, None, :, None]) & 15  # [R, 4, 2, 32]
+        if QTYPE == 13:
+            qh = tl.load(bp[:, None] + 16 + tl.arange(0, 32)[None, :]).to(tl.int32)  # [R, 32]: bit j of sub-block j
+            j = 2 * tl.arange(0, 4)[:, None] + tl.arange(0, 2)[None, :]  # [4, 2]
+            q = q | (((qh[:, None, None, :] >> j[None, :, :, None]) & 1) << 4)
+        q = tl.reshape(q, (BLOCK_R, 256))
+        j = tl.arange(0, 8)[None, :]
+        scale = _f16_at(bp)[:, None] * _k_scale(bp[:, None] + 4, j)  # [R, 8]
+        offset = _f16_at(bp + 2)[:, None] * _k_min(bp[:, None] + 4, j)
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, 8, 32)), (BLOCK_R, 256))
+        offset = tl.reshape(tl.broadcast_to(offset[:, :, None], (BLOCK_R, 8, 32)), (BLOCK_R, 256))
+        w = scale * q.to(tl.float32) - offset
+    return w
+
+
+TILE_BLOCKS = 8  # blocks per program of the dequantizing kernel: 256 elements of a 32-element type, 2048 of a K-quant
 
 
 @triton.jit
@@ -163,26 +198,28 @@ def _gguf_dequant_kernel(blocks_ptr, out_ptr, blocks_per_row, row_stride, out_st
     row = tl.program_id(0)
     blk = tl.program_id(1) * TILE + tl.arange(0, TILE)  # [TILE]
     mask = (blk < blocks_per_row)[:, None]
-    bp = blocks_ptr + row.to(tl.int64) * row_stride + tl.where(blk < blocks_per_row, blk, 0)[:, None] * NBYTES
+    bp = blocks_ptr + row.to(tl.int64) * row_stride + tl.where(blk < blocks_per_row, blk, 0) * NBYTES  # [TILE]
     e = tl.arange(0, ELEMS)[None, :]
-    w = block_values(bp, e, QTYPE)  # [TILE, ELEMS]
+    if QTYPE == 12 or QTYPE == 13 or QTYPE == 14:  # Q4_K, Q5_K, Q6_K
+        w = kquant_tile(bp, QTYPE, TILE)  # [TILE, ELEMS]
+    else:
+        w = block_values(bp[:, None], e, QTYPE)
     dst = out_ptr + row.to(tl.int64) * out_stride + blk[:, None] * ELEMS + e
     tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def dequantize_triton(blocks: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """TILE_ELEMS elements per program: a program per 32-element block (Q8_0, Q5_0) would make eight times the
-    programs of the K-quants for the same bytes, each too small to keep its loads in flight."""
+    """TILE_BLOCKS blocks per program: a program per block would leave each too few bytes to keep its loads in
+    flight (a 32-element block is 22-34 bytes)."""
     elems, nbytes = BLOCKS[qtype]
     rows = blocks.shape[0]
     out = torch.empty((rows, cols), dtype=dtype, device=blocks.device)
     if rows == 0:
         return out
     blocks = blocks if blocks.stride(-1) == 1 else blocks.contiguous()
-    tile = max(1, TILE_ELEMS // elems)
-    launch_compiled(_gguf_dequant_kernel, (rows, triton.cdiv(cols // elems, tile)),
+    launch_compiled(_gguf_dequant_kernel, (rows, triton.cdiv(cols // elems, TILE_BLOCKS)),
                     blocks, out, cols // elems, blocks.stride(0), out.stride(0),
-                    QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, TILE=tile, num_warps=2)  # fmt: skip
+                    QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, TILE=TILE_BLOCKS, num_warps=4)  # fmt: skip
     return out
 
 

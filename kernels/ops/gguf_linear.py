@@ -1,10 +1,12 @@
 """y = x W^T with W [N, K] held as GGUF blocks (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K; kernels/ops/gguf_dequant.py gives
 the layouts), for decode rows: the weight is dequantized inside the product, never written out in 16 bits.
 
-One program takes BLOCK_N output rows of W and BLOCK_M rows of x and walks K one GGUF block at a time: the
-[BLOCK_N, ELEMS] tile of the rows' blocks is dequantized in registers (`block_values`, fp32, rounded once to x's
-dtype as a dequantized 16-bit weight would be) and fed to tl.dot with an fp32 accumulator. Rows past N read
-row 0's blocks (their outputs are not stored), so every byte load stays inside the tensor.
+A split-k GEMV: program (pid_n, pid_s) takes BLOCK_N output rows of W and all (up to 16, padded) rows of x over
+one slice of K, one GGUF block a step: the [BLOCK_N, ELEMS] tile of the rows' blocks is dequantized in registers
+(fp32, rounded once to x's dtype as a dequantized 16-bit weight would be; the K-quants by `kquant_tile`, which
+loads each byte once, the 32-element types by `block_values`) and fed to tl.dot with an fp32 accumulator. The
+slices' partials meet as in the W4A16 GEMV (`finish_split_k`: the last slice of a column tile reduces). Rows past
+N read row 0's blocks (their outputs are not stored), so every byte load stays inside the tensor.
 
 `gguf_linear` serves up to GEMV_MAX_ROWS rows with it and more by dequantizing the weight and calling F.linear
 (prefill reads x many times per weight byte: the transient 16-bit weight is cheap there). The reference
@@ -14,7 +16,7 @@ entry for every arch until a GPU run of benchmarks/gguf_linear.py gives a reason
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,15 @@ import triton.language as tl
 from vlchat.kernels import dispatch
 from vlchat.kernels.device import device_for
 from vlchat.kernels.launch import launch_compiled
-from vlchat.kernels.ops.gguf_dequant import BLOCKS, NAMES, block_values, dequantize_reference, dequantize_triton
+from vlchat.kernels.ops.gguf_dequant import (
+    BLOCKS,
+    NAMES,
+    block_values,
+    dequantize_reference,
+    dequantize_triton,
+    kquant_tile,
+)
+from vlchat.kernels.ops.quant_linear import finish_split_k, split_k_program, split_plan
 
 OP = "ops.gguf_linear"
 GEMV_MAX_ROWS = 16  # rows per call that take the fused kernel; more dequantize, then F.linear
@@ -35,53 +45,59 @@ class GGUFGemvConfig:
     block_m: int  # tl.dot's smallest M
     block_n: int
     num_warps: int
+    waves: int = 4  # programs per SM the split count aims at
+    block_k: int = 0  # K per step: set to the type's block elements at launch
 
 
 GGUF_GEMV_CONFIG = GGUFGemvConfig(16, 32, 4)
 
 
 @triton.jit
-def _gguf_gemv_kernel(x_ptr, blocks_ptr, out_ptr, M, N, k_blocks, stride_xm, stride_w, stride_om,
-                      QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    # x: [M, K]; blocks: [N, k_blocks * NBYTES] uint8; out: [M, N]. Program (pid_n, pid_m): one output tile.
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
+def _gguf_gemv_kernel(x_ptr, blocks_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_w, stride_om,
+                      k_per_split, QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      SPLIT: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # x: [M, K]; blocks: [N, K / ELEMS * NBYTES] uint8; out: [M, N]; part/count: finish_split_k's.
+    pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
+        M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     rows = tl.where(n_mask, offs_n, 0)
-    w_rows = blocks_ptr + rows.to(tl.int64)[:, None] * stride_w  # [BN, 1] byte pointers
+    w_rows = blocks_ptr + rows.to(tl.int64) * stride_w  # [BN] byte pointers
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
     e = tl.arange(0, ELEMS)[None, :]  # [1, ELEMS]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(k_blocks):
-        x = tl.load(x_rows + kb * ELEMS + e, mask=m_mask[:, None], other=0.0)  # [BM, ELEMS]
-        w = block_values(w_rows + kb * NBYTES, e, QTYPE).to(x.dtype)  # [BN, ELEMS]
+    for k0 in range(k_begin, k_end, ELEMS):
+        x = tl.load(x_rows + k0 + e, mask=m_mask[:, None], other=0.0)  # [BM, ELEMS]
+        bp = w_rows + (k0 // ELEMS) * NBYTES
+        if QTYPE == 12 or QTYPE == 13 or QTYPE == 14:  # Q4_K, Q5_K, Q6_K
+            w = kquant_tile(bp, QTYPE, BLOCK_N).to(x.dtype)  # [BN, ELEMS]
+        else:
+            w = block_values(bp[:, None], e, QTYPE).to(x.dtype)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, out_ptr, out_ptr, part_ptr, count_ptr,
+                   False, SPLIT, CHUNK, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 def gguf_gemv_triton(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_dtype: torch.dtype | None = None,
-                     config: GGUFGemvConfig | None = None) -> torch.Tensor:  # fmt: skip
-    """The fused Triton product for any row count (gguf_linear sends it decode rows)."""
-    cfg = config or GGUF_GEMV_CONFIG
+                     config: GGUFGemvConfig | None = None, splits: int | None = None) -> torch.Tensor:  # fmt: skip
+    """The fused Triton product for up to 16 rows (gguf_linear sends it decode rows); `config` and `splits`
+    override the tiles and the K slices (tests, benchmarks)."""
     elems, nbytes = BLOCKS[qtype]
+    cfg = replace(config or GGUF_GEMV_CONFIG, block_k=elems)
     m, k = x.shape
     n = blocks.shape[0]
+    if m > cfg.block_m:
+        raise ValueError(f"the fused GGUF product takes at most {cfg.block_m} rows; got {m}")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return out
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
-    launch_compiled(_gguf_gemv_kernel, grid,
-        x, blocks, out, m, n, k // elems, x.stride(0), blocks.stride(0), out.stride(0),
-        QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=cfg.num_warps,
+        return torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    plan = split_plan(x, n, cfg, cfg.block_m, splits, device_for(x).sm_count, out_dtype)
+    launch_compiled(_gguf_gemv_kernel, (plan.tiles, plan.splits),
+        x, blocks, plan.out, plan.part, plan.counters, m, n, k, x.stride(0), blocks.stride(0), plan.out.stride(0),
+        plan.k_per_split, QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SPLIT=plan.splits > 1, CHUNK=plan.chunk,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
-    return out
+    return plan.out
 
 
 def _triton_impl(x, blocks, qtype, out_dtype):

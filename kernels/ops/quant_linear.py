@@ -408,16 +408,17 @@ class SplitPlan:
     counters: torch.Tensor  # split_counters (out, unread, when there is one slice)
 
 
-def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, sm_count: int) -> SplitPlan:
+def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, sm_count: int,
+               out_dtype: torch.dtype | None = None) -> SplitPlan:  # fmt: skip
     """The K slices (`splits`, else split_count's) of a GEMV of x [M, K] into N columns with cfg's block_n/block_k,
-    no slice empty, and its output, partials and counters."""
+    no slice empty, and its output (x's dtype unless `out_dtype`), partials and counters."""
     m, k = x.shape
     splits = splits or split_count(n, k, cfg, sm_count)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(k, k_per_split)
     tiles = triton.cdiv(n, cfg.block_n)
     chunk = min(triton.next_power_of_2(splits), max(1, REDUCE_VALUES // (block_m * cfg.block_n)))
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     counters = split_counters(x.device, tiles) if splits > 1 else out  # unread with one slice
     return SplitPlan(splits, k_per_split, tiles, chunk, out, part, counters)

@@ -65,11 +65,14 @@ def test_bad_blocks_are_refused():
         dequantize_rows(torch.zeros(1, 34, dtype=torch.uint8), int(Q.Q8_0), 64, torch.float32)
 
 
-@pytest.mark.parametrize("cols", [96, 288], ids=lambda c: f"cols{c}")
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0], ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "qtype, cols",
+    [(Q.Q8_0, 96), (Q.Q8_0, 288), (Q.Q5_0, 96), (Q.Q5_0, 288), (Q.Q4_K, 768), (Q.Q5_K, 2304), (Q.Q6_K, 768)],
+    ids=lambda v: getattr(v, "name", f"cols{v}"),
+)
 def test_a_row_that_ends_inside_a_program_tile(qtype, cols):
-    """32-element blocks are dequantized eight to a program: a row of 3 or 9 blocks ends inside a tile, whose
-    blocks past the row's end are neither read nor written."""
+    """Blocks are dequantized eight to a program: a row of 3 or 9 blocks ends inside a tile, whose blocks past
+    the row's end are neither read nor written."""
     blocks = random_blocks(2, cols, qtype, seed=3)
     want = torch.from_numpy(dequantize(blocks, qtype).copy())
     got = dequantize_triton(torch.from_numpy(blocks).to(DEV), int(qtype), cols, torch.float32).cpu()
