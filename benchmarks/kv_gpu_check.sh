@@ -10,6 +10,8 @@
 #      cut off by the deadline still leaves the decode figures;
 # then a short table of all three, printed last.
 # Run from the repository root on one GPU:  OUT=/some/dir bash benchmarks/kv_gpu_check.sh
+# The tests alone took more than 200 s on an H100 (2026-12-06): SKIP_TESTS=1 gives parts 2-3 the whole call, and
+# TESTS_LIMIT=500 gives the tests one of their own (parts 2-3 then stop at the deadline).
 set -uo pipefail
 OUT=${OUT:-$PWD/kv_gpu_out}
 PREFILL=${PREFILL:-262144}
@@ -24,7 +26,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
 echo "== 1. GPU tests (quantized caches) =="
-timeout 200 pytest -q -p no:cacheprovider \
+[ -n "${SKIP_TESTS:-}" ] && echo "(skipped: SKIP_TESTS)" > "$OUT/tests.log" ||
+timeout "${TESTS_LIMIT:-200}" pytest -q -p no:cacheprovider \
   tests/kernels/test_kv_cache_quant.py tests/kernels/test_dependent_launch.py tests/llm/test_kv_cache_cuda.py \
   --junitxml="$OUT/tests.xml" > "$OUT/tests.log" 2>&1
 tests_rc=$?
