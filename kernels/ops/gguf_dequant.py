@@ -188,6 +188,25 @@ def kquant_tile(bp, QTYPE: tl.constexpr, BLOCK_R: tl.constexpr):
     return w
 
 
+@triton.jit
+def small_tile(bp, QTYPE: tl.constexpr, BLOCK_R: tl.constexpr, NBLK: tl.constexpr):
+    """fp32 values [BLOCK_R, NBLK * 32] of NBLK 32-element blocks (Q8_0, Q5_0) a row at byte pointers `bp`
+    [BLOCK_R, NBLK]: block_values' values, each byte loaded once (a block's codes as one run, its fp16 d once)."""
+    b3 = bp[:, :, None]
+    if QTYPE == 8:  # Q8_0
+        q = tl.load(b3 + 2 + tl.arange(0, 32)[None, None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        w = q * _f16_at(bp)[:, :, None]
+    else:  # Q5_0: low nibbles then high nibbles of 16 bytes, the fifth bits from a little-endian uint32
+        qs = tl.load(b3 + 6 + tl.arange(0, 16)[None, None, :]).to(tl.int32)
+        low = (qs[:, :, None, :] >> (4 * tl.arange(0, 2))[None, None, :, None]) & 15  # [R, NBLK, 2, 16]
+        qh = tl.load(b3 + 2 + tl.arange(0, 4)[None, None, :]).to(tl.int32)
+        word = tl.sum(qh << (8 * tl.arange(0, 4))[None, None, :], axis=2)  # [R, NBLK]: disjoint bytes, a sum is an OR
+        high = (word[:, :, None] >> tl.arange(0, 32)[None, None, :]) & 1
+        q = tl.reshape(low, (BLOCK_R, NBLK, 32)) | (high << 4)
+        w = _f16_at(bp)[:, :, None] * (q - 16).to(tl.float32)
+    return tl.reshape(w, (BLOCK_R, NBLK * 32))
+
+
 TILE_BLOCKS = 8  # blocks per program of the dequantizing kernel: 256 elements of a 32-element type, 2048 of a K-quant
 
 

@@ -2,9 +2,10 @@
 the layouts), for decode rows: the weight is dequantized inside the product, never written out in 16 bits.
 
 A split-k GEMV: program (pid_n, pid_s) takes BLOCK_N output rows of W and all (up to 16, padded) rows of x over
-one slice of K, one GGUF block a step: the [BLOCK_N, ELEMS] tile of the rows' blocks is dequantized in registers
-(fp32, rounded once to x's dtype as a dequantized 16-bit weight would be; the K-quants by `kquant_tile`, which
-loads each byte once, the 32-element types by `block_values`) and fed to tl.dot with an fp32 accumulator. The
+one slice of K, STEP = 256 elements a step (one K-quant block or eight 32-element blocks): the [BLOCK_N, STEP]
+tile of the rows' blocks is dequantized in registers (fp32, rounded once to x's dtype as a dequantized 16-bit
+weight would be; `kquant_tile` / `small_tile`, which load each byte once) and fed to tl.dot with an fp32
+accumulator. The
 slices' partials meet as in the W4A16 GEMV (`finish_split_k`: the last slice of a column tile reduces). Rows past
 N read row 0's blocks (their outputs are not stored), so every byte load stays inside the tensor.
 
@@ -29,10 +30,10 @@ from vlchat.kernels.launch import launch_compiled
 from vlchat.kernels.ops.gguf_dequant import (
     BLOCKS,
     NAMES,
-    block_values,
     dequantize_reference,
     dequantize_triton,
     kquant_tile,
+    small_tile,
 )
 from vlchat.kernels.ops.quant_linear import finish_split_k, split_k_program, split_plan
 
@@ -46,33 +47,38 @@ class GGUFGemvConfig:
     block_n: int
     num_warps: int
     waves: int = 4  # programs per SM the split count aims at
-    block_k: int = 0  # K per step: set to the type's block elements at launch
+    block_k: int = 0  # K per step: set to STEP at launch
 
 
 GGUF_GEMV_CONFIG = GGUFGemvConfig(16, 32, 4)
+
+
+STEP = 256  # K per GEMV step: one K-quant block or eight 32-element blocks
 
 
 @triton.jit
 def _gguf_gemv_kernel(x_ptr, blocks_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_w, stride_om,
                       k_per_split, QTYPE: tl.constexpr, ELEMS: tl.constexpr, NBYTES: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      SPLIT: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+                      SPLIT: tl.constexpr, CHUNK: tl.constexpr, STEP: tl.constexpr):  # fmt: skip
     # x: [M, K]; blocks: [N, K / ELEMS * NBYTES] uint8; out: [M, N]; part/count: finish_split_k's.
     pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
         M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     rows = tl.where(n_mask, offs_n, 0)
     w_rows = blocks_ptr + rows.to(tl.int64) * stride_w  # [BN] byte pointers
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
-    e = tl.arange(0, ELEMS)[None, :]  # [1, ELEMS]
+    e = tl.arange(0, STEP)[None, :]  # [1, STEP]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, ELEMS):
-        x = tl.load(x_rows + k0 + e, mask=m_mask[:, None], other=0.0)  # [BM, ELEMS]
-        bp = w_rows + (k0 // ELEMS) * NBYTES
-        if QTYPE == 12 or QTYPE == 13 or QTYPE == 14:  # Q4_K, Q5_K, Q6_K
-            w = kquant_tile(bp, QTYPE, BLOCK_N).to(x.dtype)  # [BN, ELEMS]
+    for k0 in range(k_begin, k_end, STEP):
+        # a 32-element type's last step may run past K: those x columns load as 0 against block 0's values
+        x = tl.load(x_rows + k0 + e, mask=m_mask[:, None] & (k0 + e < K), other=0.0)  # [BM, STEP]
+        if QTYPE == 12 or QTYPE == 13 or QTYPE == 14:  # Q4_K, Q5_K, Q6_K: ELEMS == STEP
+            w = kquant_tile(w_rows + (k0 // ELEMS) * NBYTES, QTYPE, BLOCK_N)
         else:
-            w = block_values(bp[:, None], e, QTYPE).to(x.dtype)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            blk = k0 // ELEMS + tl.arange(0, STEP // ELEMS)
+            bp = w_rows[:, None] + tl.where(blk < K // ELEMS, blk, 0)[None, :] * NBYTES  # [BN, STEP // ELEMS]
+            w = small_tile(bp, QTYPE, BLOCK_N, STEP // ELEMS)
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=DOT_PRECISION)
     finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, out_ptr, out_ptr, part_ptr, count_ptr,
                    False, SPLIT, CHUNK, BLOCK_M, BLOCK_N)  # fmt: skip
 
@@ -82,7 +88,7 @@ def gguf_gemv_triton(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_dtyp
     """The fused Triton product for up to 16 rows (gguf_linear sends it decode rows); `config` and `splits`
     override the tiles and the K slices (tests, benchmarks)."""
     elems, nbytes = BLOCKS[qtype]
-    cfg = replace(config or GGUF_GEMV_CONFIG, block_k=elems)
+    cfg = replace(config or GGUF_GEMV_CONFIG, block_k=STEP)
     m, k = x.shape
     n = blocks.shape[0]
     if m > cfg.block_m:
@@ -95,7 +101,7 @@ def gguf_gemv_triton(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_dtyp
         x, blocks, plan.out, plan.part, plan.counters, m, n, k, x.stride(0), blocks.stride(0), plan.out.stride(0),
         plan.k_per_split, QTYPE=qtype, ELEMS=elems, NBYTES=nbytes, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SPLIT=plan.splits > 1, CHUNK=plan.chunk,
-        num_warps=cfg.num_warps,
+        STEP=STEP, num_warps=cfg.num_warps,
     )  # fmt: skip
     return plan.out
 

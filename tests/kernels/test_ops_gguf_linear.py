@@ -62,3 +62,16 @@ def test_reference_and_checks():
         gguf_linear(x, torch.from_numpy(blocks), int(Q.Q4_0))
     with pytest.raises(ValueError, match=r"Q4_K blocks uint8 \[N, K / 256 \* 144\]"):
         gguf_linear(x[:, :128], torch.from_numpy(blocks), int(Q.Q4_K))
+
+
+@pytest.mark.parametrize("splits", [1, 2], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0], ids=lambda q: q.name)
+def test_a_k_that_ends_inside_a_step(qtype, splits):
+    """The GEMV steps over eight 32-element blocks at a time: with 11 blocks a row (Gemma 3 270M's 640-wide rows
+    are 20) the last step's blocks past the row read block 0 against zeroed x columns."""
+    k = 352
+    blocks = random_blocks(N, k, qtype, seed=6)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(6))
+    want = _expected(x, blocks, qtype)
+    got = gguf_gemv_triton(x.to(DEV), torch.from_numpy(blocks).to(DEV), int(qtype), splits=splits).cpu().double()
+    assert float((got - want).abs().max() / want.abs().max()) < TOLS[torch.float32]
