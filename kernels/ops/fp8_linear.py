@@ -100,11 +100,11 @@ class Fp8GemvConfig:
     waves: int  # programs per SM the split count aims at
 
 
-# One table for sm_89 and sm_90 (the arches with FP8 tensor cores): the fastest of those an H100 measured over a 7B
-# layer's four projections (docs/PERF.md#fp8-w8a8). Up to 16 rows of x: 32 weight rows by 512 of K a step, two
-# stages, four programs per SM (fewer, longer K slices beat more programs: each slice's partial and the reduction
-# cost a round trip); up to 64 rows 64 x 256, three stages, two programs per SM (1.09x _scaled_mm at 64 rows,
-# where the first tiles only matched it). Past 64 (the benchmark's rows only) wider tiles and eight warps.
+# One table for sm_89 and sm_90 (the arches with FP8 tensor cores): the fastest tiles over a 7B layer's four
+# projections (benchmarks/fp8_gemv_tune.py; docs/PERF.md#fp8-w8a8). Up to 16 rows of x: 32 weight rows by 512 of K
+# a step, two stages, four programs per SM (fewer, longer K slices beat more programs: each slice's partial and
+# the reduction cost a round trip); up to 64 rows 64 x 256, three stages, two programs per SM. Past 64 (the
+# benchmark's rows only) wider tiles and eight warps.
 FP8_GEMV = Fp8GemvConfig(32, 512, 4, 2, 4)
 FP8_GEMV_MID = Fp8GemvConfig(64, 256, 4, 3, 2)
 FP8_GEMV_WIDE = Fp8GemvConfig(128, 128, 8, 3, 2)

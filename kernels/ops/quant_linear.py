@@ -20,9 +20,9 @@ Two kernels, chosen by the number of rows M:
 - More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
   the weight tile dequantized to the activation dtype and fed to tl.dot.
 - DEQUANT_ROWS rows and more (prefill): `_w4_dequant_kernel` writes the whole weight in the activation dtype (a
-  transient [K, N] tensor) and torch's matmul multiplies: the tiled GEMM's dequantization per tile (once per
-  row tile of x) made it 2-3x slower than the fp16 product there, while one dequantization costs about a fifth
-  of a 16-bit weight read more than the fp16 product itself.
+  transient [K, N] tensor) and torch's matmul multiplies: the tiled GEMM dequantizes each weight tile once per row
+  tile of x, while one pass over the weight costs about one 16-bit weight read and write beside a product whose
+  time grows with the rows (docs/PERF.md#w4a16).
 Codes become floats without conversion instructions (a GPU converts integers to floats at a fraction of its
 arithmetic rate): a code OR'd into the mantissa of a float whose last mantissa bit weighs 1 (2^23 for fp32, 1024
 for fp16, 128 for bf16) is that float plus the code, and subtracting (that float + zero) leaves q - z exactly.
