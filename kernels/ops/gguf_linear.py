@@ -5,9 +5,9 @@ A split-k GEMV: program (pid_n, pid_s) takes BLOCK_N output rows of W and all (u
 one slice of K, STEP = 256 elements a step (one K-quant block or eight 32-element blocks): the [BLOCK_N, STEP]
 tile of the rows' blocks is dequantized in registers (fp32, rounded once to x's dtype as a dequantized 16-bit
 weight would be; `kquant_tile` / `small_tile`, which load each byte once) and fed to tl.dot with an fp32
-accumulator. The
-slices' partials meet as in the W4A16 GEMV (`finish_split_k`: the last slice of a column tile reduces). Rows past
-N read row 0's blocks (their outputs are not stored), so every byte load stays inside the tensor.
+accumulator. The slices' partials meet as in the W4A16 GEMV (`finish_split_k`: the last slice of a column tile
+reduces). Rows past N read row 0's blocks (their outputs are not stored), so every byte load stays inside the
+tensor.
 
 `gguf_linear` serves up to GEMV_MAX_ROWS rows with it and more by dequantizing the weight and calling F.linear
 (prefill reads x many times per weight byte: the transient 16-bit weight is cheap there). The reference
