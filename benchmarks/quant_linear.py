@@ -12,7 +12,8 @@ of decode steps; 128-4096: the tiled GEMM of prefill), fp16:
 - FP8 us: kernels/ops/fp8_linear.py as the engine runs it (per-token FP8 activations; the FP8 GEMV up to 16 rows,
   torch._scaled_mm above) where the GPU has FP8 tensor cores (sm_89+), else "-"; FP8 floor us: reading the FP8
   weight's bytes, and the fraction of that rate FP8 reaches; FP8 GEMV / _scaled_mm us: each of the two alone
-  (the GEMV up to its 128 rows), which places fp8_linear.GEMV_ROWS;
+  (the GEMV up to its 128 rows), which places fp8_linear.GEMV_ROWS; W4A16 GEMV-dot us: at 17-64 rows, the
+  W4A16 split-k GEMV's tl.dot path (the engine runs the tiled GEMM there), which would place GEMV_MAX_ROWS;
 - layer rows: the four projections summed (the weight part of one decoder layer's step).
 
 Times are CUDA-graph replays over enough weight copies to defeat the L2 (graph_time_us). The memory table gives
@@ -232,9 +233,11 @@ def _fp8_sets(n: int, k: int):
 
 
 def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
+    from vlchat.kernels.device import get_device_info
     from vlchat.kernels.ops.fp8_linear import MAX_GEMV_ROWS, fp8_gemv, fp8_scaled_mm, fp8_tensor_cores
-    from vlchat.kernels.ops.quant_linear import dequantize_w4, w4a16_triton
+    from vlchat.kernels.ops.quant_linear import GEMV_MAX_ROWS, arch_configs, dequantize_w4, w4a16_triton
 
+    dot = dataclasses.replace(arch_configs(get_device_info()).gemv_dot, block_k=min(128, group))
     quant_bytes = w4_bytes(n, k, group)
     sets = max(2, int(L2_DEFEAT_BYTES // quant_bytes))
     quant = [_random_w4(n, k, group) for _ in range(sets)]
@@ -250,13 +253,17 @@ def bench_shape(name: str, n: int, k: int, group: int) -> list[dict]:
         err = ((w4a16_triton(x, *quant[0], None, group).float() - want).abs().max() / want.abs().max()).item()
         fp16_us = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in dense])
         w4_us = graph_time_us([lambda q=q, x=x: w4a16_triton(x, *q, None, group) for q in quant])
+        w4_dot_us = None  # the split-k GEMV's tl.dot path past its rows, where the engine runs the GEMM
+        if GEMV_MAX_ROWS < rows <= 64:
+            w4_dot_us = graph_time_us([lambda q=q, x=x: w4a16_triton(x, *q, None, group, config=dot) for q in quant])
         fp8_us = graph_time_us([lambda w=w, x=x: fp8_tensor_cores(x, *w) for w in fp8]) if fp8 else None
         fp8_gemv_us = fp8_mm_us = None
         if fp8 and rows <= MAX_GEMV_ROWS:
             fp8_gemv_us = graph_time_us([lambda w=w, x=x: fp8_gemv(x, *w) for w in fp8])
             fp8_mm_us = graph_time_us([lambda w=w, x=x: fp8_scaled_mm(x, *w) for w in fp8])
         row = {"shape": name, "n": n, "k": k, "rows": rows, "fp16_us": fp16_us, "w4_us": w4_us,
-               "fp8_us": fp8_us, "fp8_floor_us": fp8_floor, "fp8_gemv_us": fp8_gemv_us, "fp8_mm_us": fp8_mm_us,
+               "w4_dot_us": w4_dot_us, "fp8_us": fp8_us, "fp8_floor_us": fp8_floor, "fp8_gemv_us": fp8_gemv_us,
+               "fp8_mm_us": fp8_mm_us,
                "read_floor_us": floor, "quant_mb": quant_bytes / 2**20, "rel_err": err}  # fmt: skip
         rows_out.append(row)
         print(f"{name} rows {rows}: fp16 {fp16_us:.2f} us, W4A16 {w4_us:.2f} us, floor {floor:.2f} us", flush=True)
@@ -271,7 +278,7 @@ def layer_rows(rows: list[dict]) -> list[dict]:
     for count in sorted({r["rows"] for r in rows}):
         mine = [r for r in rows if r["rows"] == count]
         sums = {key: sum(r[key] for r in mine) for key in ("fp16_us", "w4_us", "read_floor_us")}
-        for key in ("fp8_us", "fp8_floor_us", "fp8_gemv_us", "fp8_mm_us"):
+        for key in ("w4_dot_us", "fp8_us", "fp8_floor_us", "fp8_gemv_us", "fp8_mm_us"):
             sums[key] = sum(r[key] for r in mine) if all(r.get(key) for r in mine) else None
         out.append({"rows": count, **sums})
     return out
@@ -296,15 +303,15 @@ def markdown(res: dict) -> str:
         "(benchmarks/quant_linear.py says what each column runs).", "",
         "## One layer's projections (q/k/v + o + gate/up + down)", "",
         "| rows | fp16 us | W4A16 us | W4A16 vs fp16 | read floor us | W4A16 of floor rate | FP8 us | FP8 vs fp16 "
-        "| FP8 floor us | FP8 of floor rate | FP8 GEMV us | FP8 _scaled_mm us |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| FP8 floor us | FP8 of floor rate | FP8 GEMV us | FP8 _scaled_mm us | W4A16 GEMV-dot us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in layer_rows(res["rows"]):
         lines.append(f"| {r['rows']} | {r['fp16_us']:.1f} | {r['w4_us']:.1f} | {r['fp16_us'] / r['w4_us']:.2f}x | "
                      f"{r['read_floor_us']:.1f} | {r['read_floor_us'] / r['w4_us']:.2f} | {_us(r['fp8_us'], 1)} | "
                      f"{_ratio(r['fp16_us'], r['fp8_us'])} | {_us(r.get('fp8_floor_us'), 1)} | "
                      f"{_of(r.get('fp8_floor_us'), r['fp8_us'])} | {_us(r.get('fp8_gemv_us'), 1)} | "
-                     f"{_us(r.get('fp8_mm_us'), 1)} |")  # fmt: skip
+                     f"{_us(r.get('fp8_mm_us'), 1)} | {_us(r.get('w4_dot_us'), 1)} |")  # fmt: skip
     lines += ["", "## Weight memory", "", "| model | " + " | ".join(FORMATS) + " |",
               "|---|" + "---|" * len(FORMATS)]  # fmt: skip
     for model in MODELS:

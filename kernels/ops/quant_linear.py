@@ -427,7 +427,7 @@ def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, s
 def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
     m, k = x.shape
     n = qweight.shape[1]
-    block_m = 16 if cfg.dot else triton.next_power_of_2(m)
+    block_m = max(16, triton.next_power_of_2(m)) if cfg.dot else triton.next_power_of_2(m)
     plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
     launch_compiled(_w4a16_gemv_kernel, (plan.tiles, plan.splits),
@@ -444,8 +444,8 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
 
 def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
                  config: W4Config | W4GemvConfig | None = None, splits: int | None = None):  # fmt: skip
-    """The Triton W4A16 product. `config` (a W4GemvConfig up to GEMV_MAX_ROWS rows, else a W4Config) and `splits`
-    (the GEMV's K slices) override the per-arch choice (tests and benchmarks)."""
+    """The Triton W4A16 product. `config` (a W4GemvConfig: the split-k GEMV at any row count; a W4Config: the GEMM)
+    and `splits` (the GEMV's K slices) override the per-arch choice (tests and benchmarks)."""
     m, k = x.shape
     n = qweight.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -458,7 +458,7 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
     if config is None and m >= DEQUANT_ROWS:
         w = dequantize_w4_triton(qweight, scales, zeros, g_idx, group_size, x.dtype)
         return torch.addmm(bias, x, w) if bias is not None else x @ w
-    if m <= GEMV_MAX_ROWS:
+    if isinstance(cfg, W4GemvConfig):  # up to GEMV_MAX_ROWS rows, or more when a benchmark asks for the GEMV
         return _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg, splits, device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch_compiled(_w4a16_gemm_kernel, (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)),

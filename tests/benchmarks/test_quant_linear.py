@@ -32,20 +32,20 @@ def test_markdown_sums_the_layer_and_lists_every_projection():
         {"shape": name, "n": n, "k": k, "rows": count, "fp16_us": 10.0, "w4_us": 4.0, "read_floor_us": 3.0,
          "quant_mb": 1.0, "rel_err": 1e-3, "fp8_us": 5.0 if count == 1 else None,
          "fp8_floor_us": 4.0 if count == 1 else None, "fp8_gemv_us": 5.0 if count == 1 else None,
-         "fp8_mm_us": 8.0 if count == 1 else None}
+         "fp8_mm_us": 8.0 if count == 1 else None, "w4_dot_us": None}
         for name, (n, k) in SHAPES.items() for count in (1, 128)
     ]  # fmt: skip
     assert layer_rows(rows) == [
-        {"rows": 1, "fp16_us": 40.0, "w4_us": 16.0, "read_floor_us": 12.0, "fp8_us": 20.0, "fp8_floor_us": 16.0,
-         "fp8_gemv_us": 20.0, "fp8_mm_us": 32.0},
-        {"rows": 128, "fp16_us": 40.0, "w4_us": 16.0, "read_floor_us": 12.0, "fp8_us": None, "fp8_floor_us": None,
-         "fp8_gemv_us": None, "fp8_mm_us": None},
+        {"rows": 1, "fp16_us": 40.0, "w4_us": 16.0, "read_floor_us": 12.0, "w4_dot_us": None, "fp8_us": 20.0,
+         "fp8_floor_us": 16.0, "fp8_gemv_us": 20.0, "fp8_mm_us": 32.0},
+        {"rows": 128, "fp16_us": 40.0, "w4_us": 16.0, "read_floor_us": 12.0, "w4_dot_us": None, "fp8_us": None,
+         "fp8_floor_us": None, "fp8_gemv_us": None, "fp8_mm_us": None},
     ]
     lines = markdown(result(group=128, memory=memory_table(), rows=rows)).splitlines()
     assert lines[0] == "# W4A16 projections (Llama 2 7B layer) on GPU"
     layer = table_at(lines, "| rows |", 2)
-    assert lines[layer + 2] == "| 1 | 40.0 | 16.0 | 2.50x | 12.0 | 0.75 | 20.0 | 2.00x | 16.0 | 0.80 | 20.0 | 32.0 |"
-    assert lines[layer + 3].endswith("| 0.75 | - | - | - | - | - | - |")  # no FP8 tensor cores
+    assert lines[layer + 2] == "| 1 | 40.0 | 16.0 | 2.50x | 12.0 | 0.75 | 20.0 | 2.00x | 16.0 | 0.80 | 20.0 | 32.0 | - |"
+    assert lines[layer + 3].endswith("| 0.75 | - | - | - | - | - | - | - |")  # no FP8 tensor cores
     memory = table_at(lines, "| model |", len(MODELS))
     assert lines[memory].count("|") == len(FORMATS) + 2 and lines[memory + 2].startswith("| 7B | 13.48 GB |")
     per = table_at(lines, "| W |", len(rows))

@@ -217,3 +217,14 @@ def test_prefill_rows_multiply_the_dequantized_weight(dtype):
                                                                                           bias)  # fmt: skip
     assert got.shape == (DEQUANT_ROWS + 3, N) and got.dtype == dtype
     _assert_close(got, _want(x, qweight, scales, z, gi, 64, bias), dtype)
+
+
+@pytest.mark.parametrize("rows", [17, 40], ids=lambda r: f"rows{r}")
+def test_the_dot_gemv_takes_more_rows_when_asked(rows):
+    """Given its config, the split-k GEMV's tl.dot path runs past GEMV_MAX_ROWS (x's rows padded to a power of two;
+    the benchmark times it there against the GEMM) and matches float64."""
+    qweight, scales, z, gi = _weights(K, N, 64, True, False, torch.float16, seed=rows)
+    x = torch.randn(rows, K, device=DEV).to(torch.float16)
+    got = w4a16_triton(x, qweight, scales, z, gi, 64, config=W4GemvConfig(32, 32, 4, 4, True), splits=2)
+    assert got.shape == (rows, N)
+    _assert_close(got, _want(x, qweight, scales, z, gi, 64), torch.float16)
