@@ -43,33 +43,41 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
+def _row_scale(amax, FP8_MAX: tl.constexpr):
+    scale = tl.max(amax, axis=0) / FP8_MAX
+    return tl.where(scale > 0, scale, 1.0)  # a zero row keeps a finite scale
+
+
+@triton.jit
+def _store_codes(q_ptrs, x, scale, mask, FP8_MAX: tl.constexpr):
+    q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)  # div_rn: torch's correctly rounded division
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
     # One program per row: its largest magnitude over K, then the row divided by its scale (quantize_rows' math).
     # A row of at most BLOCK values is loaded once and kept in registers (one memory round trip, where a loop
     # over K blocks would wait for one per block and pass).
     row = tl.program_id(0).to(tl.int64)
+    x_row, q_row = x_ptr + row * stride_x, q_ptr + row * stride_q
     if BLOCK >= K:
         offs = tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.max(tl.abs(x), axis=0) / FP8_MAX
-        scale = tl.where(scale > 0, scale, 1.0)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        scale = _row_scale(tl.abs(x), FP8_MAX)
         tl.store(s_ptr + row, scale)
-        q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)  # div_rn: torch's correctly rounded division
-        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+        _store_codes(q_row + offs, x, scale, offs < K, FP8_MAX)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.max(amax, axis=0) / FP8_MAX
-        scale = tl.where(scale > 0, scale, 1.0)
+            amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
+        scale = _row_scale(amax, FP8_MAX)
         tl.store(s_ptr + row, scale)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-            q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)
-            tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+            x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+            _store_codes(q_row + offs, x, scale, offs < K, FP8_MAX)
 
 
 ROW_BLOCK = 16384  # the longest row quantized in one pass (16 warps: 32 values a thread)

@@ -121,44 +121,10 @@ def _k_min(sp, j):
 
 
 @triton.jit
-def block_values(bp, e, QTYPE: tl.constexpr):
-    """fp32 values of elements `e` of the blocks at byte pointers `bp` (broadcast together: a scalar pointer and
-    [ELEMS] elements, or [rows, 1] pointers and [1, ELEMS] elements for a tile of several rows' blocks)."""
-    if QTYPE == 8:  # Q8_0
-        q = tl.load(bp + 2 + e).to(tl.int8, bitcast=True).to(tl.float32)
-        w = q * _f16_at(bp)
-    elif QTYPE == 6:  # Q5_0
-        qs = tl.load(bp + 6 + e % 16).to(tl.int32)
-        qh = tl.load(bp + 2 + e // 8).to(tl.int32)  # bit e of the little-endian uint32
-        q = ((qs >> (4 * (e // 16))) & 15) | (((qh >> (e % 8)) & 1) << 4)
-        w = _f16_at(bp) * (q - 16).to(tl.float32)
-    elif QTYPE == 14:  # Q6_K
-        h = e // 128
-        r = e % 128
-        ql = tl.load(bp + 64 * h + r % 64).to(tl.int32)
-        qh = tl.load(bp + 128 + 32 * h + r % 32).to(tl.int32)
-        q = ((ql >> (4 * (r // 64))) & 15) | (((qh >> (2 * (r // 32))) & 3) << 4)
-        sc = tl.load(bp + 192 + e // 16).to(tl.int8, bitcast=True).to(tl.float32)
-        w = (_f16_at(bp + 208) * sc) * (q - 32).to(tl.float32)
-    else:  # Q4_K (12), Q5_K (13)
-        j = e // 32
-        QS: tl.constexpr = 16 if QTYPE == 12 else 48
-        qs = tl.load(bp + QS + 32 * (e // 64) + e % 32).to(tl.int32)
-        q = (qs >> (4 * (j % 2))) & 15
-        if QTYPE == 13:
-            qh = tl.load(bp + 16 + e % 32).to(tl.int32)
-            q = q | (((qh >> j) & 1) << 4)
-        scale = _f16_at(bp) * _k_scale(bp + 4, j)
-        offset = _f16_at(bp + 2) * _k_min(bp + 4, j)
-        w = scale * q.to(tl.float32) - offset
-    return w
-
-
-@triton.jit
 def kquant_tile(bp, QTYPE: tl.constexpr, BLOCK_R: tl.constexpr):
-    """fp32 values [BLOCK_R, 256] of the K-quant blocks (Q4_K, Q5_K, Q6_K) at byte pointers `bp` [BLOCK_R]: the
-    values block_values gives, computed the same way, but each byte of a block loaded once (contiguous runs of
-    codes, eight or sixteen scales a row) instead of once per element that reads it."""
+    """fp32 values [BLOCK_R, 256] of the K-quant blocks (Q4_K, Q5_K, Q6_K) at byte pointers `bp` [BLOCK_R], formed
+    as the module docstring's formulas in the reference's order, each byte of a block loaded once (contiguous runs
+    of codes, eight or sixteen scales a row)."""
     b3 = bp[:, None, None]
     if QTYPE == 14:  # Q6_K: codes [half h, shift n, 64 bytes] and high bits [half, shift s, 32 bytes]
         ql = tl.load(b3 + 64 * tl.arange(0, 2)[None, :, None] + tl.arange(0, 64)[None, None, :]).to(tl.int32)
@@ -191,7 +157,8 @@ def kquant_tile(bp, QTYPE: tl.constexpr, BLOCK_R: tl.constexpr):
 @triton.jit
 def small_tile(bp, QTYPE: tl.constexpr, BLOCK_R: tl.constexpr, NBLK: tl.constexpr):
     """fp32 values [BLOCK_R, NBLK * 32] of NBLK 32-element blocks (Q8_0, Q5_0) a row at byte pointers `bp`
-    [BLOCK_R, NBLK]: block_values' values, each byte loaded once (a block's codes as one run, its fp16 d once)."""
+    [BLOCK_R, NBLK], formed as the module docstring's formulas, each byte loaded once (a block's codes as one run,
+    its fp16 d once)."""
     b3 = bp[:, :, None]
     if QTYPE == 8:  # Q8_0
         q = tl.load(b3 + 2 + tl.arange(0, 32)[None, None, :]).to(tl.int8, bitcast=True).to(tl.float32)
@@ -218,12 +185,11 @@ def _gguf_dequant_kernel(blocks_ptr, out_ptr, blocks_per_row, row_stride, out_st
     blk = tl.program_id(1) * TILE + tl.arange(0, TILE)  # [TILE]
     mask = (blk < blocks_per_row)[:, None]
     bp = blocks_ptr + row.to(tl.int64) * row_stride + tl.where(blk < blocks_per_row, blk, 0) * NBYTES  # [TILE]
-    e = tl.arange(0, ELEMS)[None, :]
     if QTYPE == 12 or QTYPE == 13 or QTYPE == 14:  # Q4_K, Q5_K, Q6_K
         w = kquant_tile(bp, QTYPE, TILE)  # [TILE, ELEMS]
     else:
-        w = block_values(bp[:, None], e, QTYPE)
-    dst = out_ptr + row.to(tl.int64) * out_stride + blk[:, None] * ELEMS + e
+        w = tl.reshape(small_tile(bp[None, :], QTYPE, 1, TILE), (TILE, ELEMS))
+    dst = out_ptr + row.to(tl.int64) * out_stride + blk[:, None] * ELEMS + tl.arange(0, ELEMS)[None, :]
     tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -17,7 +17,7 @@ entry for every arch until a GPU run of benchmarks/gguf_linear.py gives a reason
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -41,19 +41,19 @@ OP = "ops.gguf_linear"
 GEMV_MAX_ROWS = 16  # rows per call that take the fused kernel; more dequantize, then F.linear
 
 
+STEP = 256  # K per GEMV step: one K-quant block or eight 32-element blocks
+
+
 @dataclass(frozen=True, slots=True)
 class GGUFGemvConfig:
     block_m: int  # tl.dot's smallest M
     block_n: int
     num_warps: int
     waves: int = 4  # programs per SM the split count aims at
-    block_k: int = 0  # K per step: set to STEP at launch
+    block_k: int = STEP  # K per step (split_plan's slices are whole steps)
 
 
 GGUF_GEMV_CONFIG = GGUFGemvConfig(16, 32, 4)
-
-
-STEP = 256  # K per GEMV step: one K-quant block or eight 32-element blocks
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def gguf_gemv_triton(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_dtyp
     """The fused Triton product for up to 16 rows (gguf_linear sends it decode rows); `config` and `splits`
     override the tiles and the K slices (tests, benchmarks)."""
     elems, nbytes = BLOCKS[qtype]
-    cfg = replace(config or GGUF_GEMV_CONFIG, block_k=STEP)
+    cfg = config or GGUF_GEMV_CONFIG
     m, k = x.shape
     n = blocks.shape[0]
     if m > cfg.block_m:
