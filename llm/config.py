@@ -116,8 +116,8 @@ class EngineConfig:
         enforce_eager: never capture CUDA graphs.
         piecewise_graph_tokens: prefill and mixed steps of up to this many tokens (without image rows) replay
             CUDA graphs in pieces between the attention calls (llm/engine/piecewise.py); 0 (the default): they run
-            eagerly. Opt-in until the GPU test of pieces against eager steps (tests/llm/test_engine_cuda.py) has
-            passed on a GPU.
+            eagerly. Off by default: with async scheduling the eager launches already overlap the step in flight,
+            so pieces shorten a mixed step without raising serving throughput (docs/PERF.md#engine-and-host).
         async_scheduling: schedule and launch step N+1 before step N's tokens reach the host
             (decode rows take their input token from the device), so the GPU does not wait for
             the host between steps. A sequence whose in-flight token may end it costs one wasted
