@@ -3,15 +3,16 @@
 #
 #   bash benchmarks/quant_gpu_check.sh
 #
-# 1. the quantized kernels' and layers' GPU tests (W4A16, FP8, GGUF dequantization; CUDA-graph decoding);
-# 2. benchmarks: quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections), fp8_gemv_tune (the FP8
-#    GEMV's tiles against torch._scaled_mm), quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16,
-#    FP8), and the serving comparison fp16 vs --quantization fp8 (Llama-2-7B shape, sharegpt-like-v1, 1,000
-#    prompts, concurrency 128).
-# Each step has its own time limit (together under 10 minutes; on an H100 2026-12-06 the steps before
-# fp8_gemv_tune took 4 minutes); a step that fails or runs out of time is
-# recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files: summary.md and
-# quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
+# 1. tests: the quantized kernels' and layers' GPU tests (W4A16, FP8, GGUF dequantization; CUDA-graph decoding);
+# 2. quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections);
+# 3. serving_fp16, then fp8_gemv_tune (the FP8 GEMV's tiles against torch._scaled_mm at 1-128 rows) followed in
+#    its process by the --quantization fp8 serving run with its picked tiles (Llama-2-7B shape, sharegpt-like-v1,
+#    1,000 prompts, concurrency 128);
+# 4. quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16, FP8).
+# Each step has its own time limit; all of them can outrun one 10-minute device call (on an H100 2026-12-06
+# steps 1-2 took 4 minutes), so STEPS="serving_fp16 fp8_gemv_tune quant_decode" runs only those named. A step that
+# fails or runs out of time is recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files:
+# summary.md and quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
 set -uo pipefail
 OUT=${OUT:-$PWD/quant_gpu_out}
 mkdir -p "$OUT"
@@ -49,35 +50,34 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $RUN/NAM
   echo "$name: ${STATUS[$name]} (${TIME[$name]} s)"
 }
 
-step tests 120 $PY -m pytest -q -x -p no:cacheprovider \
+want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
+want tests && step tests 120 $PY -m pytest -q -x -p no:cacheprovider \
   tests/kernels/test_ops_quant_linear.py tests/kernels/test_ops_fp8_linear.py tests/kernels/test_ops_gguf_dequant.py tests/kernels/test_ops_gguf_linear.py \
   tests/llm/test_quantization.py::test_a_quantized_model_decodes_the_same_from_cuda_graphs_as_eagerly \
   tests/llm/test_gguf.py::test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers
-step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
-step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
-step fp8_gemv_tune 120 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results"
-step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
-for q in fp16 fp8; do
-  extra=()
-  [ "$q" = fp8 ] && extra=(--quantization fp8)
-  step "serving_$q" 60 $PY -m benchmarks.serving --shape llama2-7b --dtype float16 --num-prompts 1000 \
-    --concurrency 128 "${extra[@]}" --out "$RUN/results/serving_${q}_llama2-7b"
-done
+want quant_linear && step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
+want gguf_linear && step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
+SERVE=(--shape llama2-7b --dtype float16 --num-prompts 1000 --concurrency 128)
+want serving_fp16 && step serving_fp16 60 $PY -m benchmarks.serving "${SERVE[@]}" --out "$RUN/results/serving_fp16_llama2-7b"
+# the tiles' sweep, then the fp8 serving run with its picks put into the process (the committed table when the
+# picks equal it)
+want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results" \
+  --serve "${SERVE[@]}" --quantization fp8 --out "$RUN/results/serving_fp8_llama2-7b"
+want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
 
 {
   echo
   echo "| step | status | s |"
   echo "|---|---|---|"
-  for s in tests quant_linear gguf_linear fp8_gemv_tune quant_decode serving_fp16 serving_fp8; do
+  for s in tests quant_linear gguf_linear serving_fp16 fp8_gemv_tune quant_decode; do
     echo "| $s | ${STATUS[$s]:-not run} | ${TIME[$s]:--} |"
   done
   echo
   tail -n 1 "$RUN/tests.log" 2>/dev/null | sed 's/^/tests: /'
   grep -h -A8 "^| format |" "$RUN"/results/quant_decode_*.md 2>/dev/null
-  grep -h -A5 "^| rows | scaled_mm_us" "$RUN"/results/fp8_gemv_tune_*.md 2>/dev/null
-  for q in fp16 fp8; do
-    grep -h -i -m1 "req/s" "$RUN/serving_$q.log" 2>/dev/null | sed "s/^/serving $q: /"
-  done
+  grep -h "^Picks" "$RUN"/results/fp8_gemv_tune_*.md 2>/dev/null
+  grep -h -i -m1 "req/s" "$RUN/serving_fp16.log" 2>/dev/null | sed "s/^/serving fp16: /"
+  grep -h -i -m1 "req/s" "$RUN/fp8_gemv_tune.log" 2>/dev/null | sed "s/^/serving fp8 (picked tiles): /"
   echo "total: $(($(date +%s) - START)) s; logs and results: $OUT/quant_gpu_results.tar.gz"
 } >"$RUN/summary.md"
 tar czf "$OUT/quant_gpu_results.tar.gz" -C "$RUN" .
