@@ -1,10 +1,11 @@
-"""Decode attention at 128k keys over fp16, fp8, int8 and int4 KV caches: time, the bytes each actually reads, and
-that against copy bandwidth.
+"""Decode attention over fp16, fp8, int8 and int4 KV caches, from 128k keys down to a serving step's 512: time,
+the bytes each actually reads, and that against copy bandwidth.
 
     python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N]
 
 Rows (q heads, KV heads, batch, keys): Llama-3-8B's 32/8 at batch 1 and 4, MHA 32/32 at batch 1 and GQA 32/8 at
-batch 32 over 8k keys; head_dim 128, 16-token pages in shuffled order, KV copies enough to defeat the L2. Each
+batch 32 over 8k keys, and the serving load's decode step (Llama-2-7B's MHA at batch 128 and 256 over 512
+keys); head_dim 128, 16-token pages in shuffled order, KV copies enough to defeat the L2. Each
 cache format runs what the engine runs for it: fp16 the plan's kernel (on sm_90 the Gluon decode) and, beside it,
 the plan's Triton-only choice ("fp16 triton"); fp8, int8 and int4 the Triton kernel (kernels/attention/kv_quant.py),
 planned by plan.decode_plan over the quantized cache. Times are the median of --rounds interleaved CUDA-graph
@@ -24,7 +25,8 @@ import torch
 
 from vlchat.kernels.attention import kv_quant
 
-ROWS = [(32, 8, 1, 131072), (32, 8, 4, 131072), (32, 32, 1, 131072), (32, 8, 32, 8192)]
+ROWS = [(32, 8, 1, 131072), (32, 8, 4, 131072), (32, 32, 1, 131072), (32, 8, 32, 8192), (32, 32, 128, 512),
+        (32, 32, 256, 512)]  # fmt: skip
 HEAD_DIM, PAGE = 128, 16
 FORMATS = ("fp16", "fp16 triton", "fp8", "int8", "int4")
 L2_DEFEAT = 256 << 20  # KV bytes over all copies at least this much (several times any L2)
