@@ -82,10 +82,11 @@ def _random_w4(n: int, k: int, group: int):
 # GEMV candidates per product: (block_n, block_k, num_warps); the sweep times each at WAVES. The CUDA-core kernel
 # needs no layout conversion where 32 lanes x 4 columns x the warps along N cover block_n and the other warps take
 # the 4 word rows of its [1, A, 4, block_n] tile: 128/4, 256/8, 64/2 (at any block_k) and 128x64/4.
+# tl.dot makes its codes in the operand registers (no shared-memory round trip) from 4 warps on sm_90 (wgmma).
 GEMV_CANDIDATES = {
     "fma": ((128, 64, 4), (256, 64, 8), (128, 128, 4), (256, 64, 4), (512, 64, 8), (128, 64, 2), (256, 128, 4),
             (64, 128, 1), (256, 128, 8), (64, 64, 2)),
-    "dot": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4), (256, 64, 4), (256, 128, 8)),
+    "dot": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 128, 8), (256, 64, 4), (256, 128, 8)),
     "tf32": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4)),
 }  # fmt: skip
 WAVES = (4, 8, 16)

@@ -13,7 +13,9 @@ Two kernels, chosen by the number of rows M:
   one slice of K, sized so that the programs fill every SM (a decode step's time is the weight read). One or a few
   rows multiply on the CUDA cores (no padding to tl.dot's 16 rows; without g_idx `_w4a16_gemv_cores_kernel`);
   more take tl.dot with 16-row tiles (`dot_rows`). Without g_idx a K step lies in one group, so the codes enter the
-  product as exact integers q - z and the group's scale multiplies the step's sums, once per column. The slices'
+  product as exact integers q - z and the group's scale multiplies the step's sums, once per column; tl.dot takes
+  K permuted in both operands so that the codes are made, two per instruction, in its operand registers
+  (`_dot_codes`). The slices'
   fp32 partials meet in a workspace; the last program of a column tile to finish (a counter per tile) adds them,
   adds the bias and writes the output, then sets its counter back to zero: one launch per product. With
   programmatic dependent launch (sm_90) a program loads its first codes before waiting for the kernel before it.
@@ -42,7 +44,7 @@ import triton.language as tl
 
 from vlchat.kernels import dispatch
 from vlchat.kernels.attention.pdl import dependent_launch, launch_next_then_wait, pdl_options
-from vlchat.kernels.device import DeviceInfo, device_for
+from vlchat.kernels.device import DeviceInfo, TritonMode, device_for
 from vlchat.kernels.launch import launch_compiled
 
 OP = "ops.w4a16_linear"
@@ -154,11 +156,54 @@ def _magic(ints, MAGIC: tl.constexpr):
 
 
 @triton.jit
-def _biased_codes_t(packed, MAGIC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    # _biased_codes transposed: [BN, BK], each word's 8 codes K-contiguous in one thread
-    shifts = tl.arange(0, 8) * 4
-    codes = _magic((tl.trans(packed)[:, :, None] >> shifts[None, None, :]) & 0xF, MAGIC)  # [BN, BK // 8, 8]
-    return tl.reshape(codes, (BLOCK_N, BLOCK_K))
+def _dot_codes(packed, zq, MAGIC: tl.constexpr, ASM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    # packed: [BK // 8, BN] int32, zq: [BN] int32 zeros -> [BN, BK] q - z in MAGIC's 16-bit float, K permuted
+    # (`_dot_order` permutes x alike): entry 32a + 8s + 2c + h of a column is nibble s + 4h of its word row 4a + c.
+    # That is tl.dot's first-operand layout for 16-bit inputs: h pairs two codes of one word in one 32-bit register,
+    # c (K bits 1-2) is the lane, a and s the register. Only the int32 words change layout (8 codes each); the codes
+    # are made where the tensor cores read them, with no shared-memory round trip.
+    words = tl.reshape(tl.trans(packed), (BLOCK_N, BLOCK_K // 32, 4))  # [BN, a, c]: word row 4a + c
+    if ASM:
+        pairs = _code_pairs(words[:, :, :, None], zq[:, None, None, None], MAGIC)  # [BN, a, c, s]
+        lo = pairs.to(tl.int16)
+        hi = (pairs >> 16).to(tl.int16)
+        codes = tl.join(lo, hi).to(tl.float16 if MAGIC == 0x6400 else tl.bfloat16, bitcast=True)
+    else:  # the interpreter (no inline PTX): the same values, one nibble at a time
+        shifts = 4 * (tl.arange(0, 4)[:, None] + 4 * tl.arange(0, 2)[None, :])  # [s, h]: nibble s + 4h
+        nibbles = (words[:, :, :, None, None] >> shifts[None, None, None, :, :]) & 0xF  # [BN, a, c, s, h]
+        codes = _magic(nibbles, MAGIC) - _magic(zq, MAGIC)[:, None, None, None, None]
+    return tl.reshape(tl.permute(codes, (0, 1, 3, 2, 4)), (BLOCK_N, BLOCK_K))  # [BN, a, s, c, h]
+
+
+@triton.jit
+def _code_pairs(words, zq, MAGIC: tl.constexpr):
+    # words: [..., 1] int32 -> [..., 4] int32, s-th the 16-bit floats q - z of nibbles s (low half) and s + 4 (high
+    # half): one LOP3 (mask | offset) and one HFMA2 (times 1, minus offset + z) per two codes, exact. fp16 takes
+    # nibbles 1 and 3 in place, 1024 + 16q times 1/16 minus 64 + z, so a word needs one shift; bf16 (7 mantissa
+    # bits) needs three.
+    s = tl.arange(0, 4)
+    if MAGIC == 0x6400:
+        shifted = words >> 8 * (s // 2)
+        odd = s % 2 == 1
+        mask = tl.where(odd, 0x00F000F0, 0x000F000F)
+        scale = tl.where(odd, 0x2C002C00, 0x3C003C00)  # 1/16 or 1 in both halves
+        neg_zero = tl.where(odd, 0xD400 + 16 * zq, 0xE400 + zq) * 0x10001  # -(64 + z) or -(1024 + z)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $1, $2, 0x64006400, 0xEA; fma.rn.f16x2 $0, t, $3, $4; }", "=r,r,r,r,r",
+            [shifted, mask, scale, neg_zero], dtype=tl.int32, is_pure=True, pack=1)  # fmt: skip
+    else:
+        shifted = words >> 4 * s
+        neg_zero = (0xC300 + zq) * 0x10001  # -(128 + z)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, one; mov.b32 one, 0x3F803F80; lop3.b32 t, $1, 0x000F000F, 0x43004300, 0xEA;"
+            " fma.rn.bf16x2 $0, t, one, $2; }", "=r,r,r", [shifted, neg_zero], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _dot_order(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    # x: [BM, BK] -> its columns in `_dot_codes`' order: entry 32a + 8s + 2c + h is input 32a + 8c + 4h + s
+    x = tl.reshape(x, (BLOCK_M, BLOCK_K // 32, 4, 2, 4))  # [BM, a, c, h, s]
+    return tl.reshape(tl.permute(x, (0, 1, 4, 2, 3)), (BLOCK_M, BLOCK_K))  # [BM, a, s, c, h]
 
 
 @triton.jit
@@ -255,7 +300,7 @@ def _w4a16_gemv_kernel(
     M, N, K, stride_xm, stride_om, k_per_split,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GIDX: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-    SPLIT: tl.constexpr, CHUNK: tl.constexpr, TF32: tl.constexpr, PDL: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr, TF32: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part: [splits, M, N] fp32;
     # count: [column tiles] int32, zero between calls. Program (pid_n, pid_s): BLOCK_N columns over K slice pid_s.
@@ -302,10 +347,9 @@ def _w4a16_gemv_kernel(
                 zq = tl.full((BLOCK_N,), 8, tl.int32)
             if DOT and MAGIC != 0x4B000000 and not TF32:  # 16-bit q - z against 16-bit x: exact products
                 # computed transposed ([BN, BK] x [BK, BM]): the dequantized codes are the product's first operand,
-                # which the tensor cores can take from registers, K contiguous in each thread
-                codes = _biased_codes_t(packed, MAGIC, BLOCK_K, BLOCK_N)  # [BN, BK]
-                zero = _magic(zq, MAGIC)  # offset + z, as the codes
-                part = tl.trans(tl.dot(codes - zero[:, None], tl.trans(x)))
+                # which the tensor cores take from registers; K permuted alike in both (`_dot_codes`)
+                codes = _dot_codes(packed, zq, MAGIC, ASM, BLOCK_K, BLOCK_N)  # [BN, BK]
+                part = tl.trans(tl.dot(codes, tl.trans(_dot_order(x, BLOCK_M, BLOCK_K))))
             else:
                 xs = x.to(tl.float32) * _unscale(BLOCK_K)[None, :]  # [BM, BK]
                 codes = _scaled_codes(packed, _magic(zq, 0x4B000000) - 8388608.0, BLOCK_K, BLOCK_N)  # [BK, BN]
@@ -525,7 +569,8 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
         plan.out.stride(0), plan.k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
-        MAGIC=MAGIC[x.dtype], SPLIT=plan.splits > 1, CHUNK=plan.chunk, TF32=cfg.tf32, PDL=pdl, num_warps=cfg.num_warps,
+        MAGIC=MAGIC[x.dtype], SPLIT=plan.splits > 1, CHUNK=plan.chunk, TF32=cfg.tf32, PDL=pdl,
+        ASM=device.triton == TritonMode.COMPILED, num_warps=cfg.num_warps,
         **pdl_options(pdl),
     )  # fmt: skip
     return plan.out
