@@ -15,10 +15,10 @@ Two kernels, chosen by the number of rows M:
   more take tl.dot with 16-row tiles (`dot_rows`). Without g_idx a K step lies in one group, so the codes enter the
   product as exact integers q - z and the group's scale multiplies the step's sums, once per column; tl.dot takes
   K permuted in both operands so that the codes are made, two per instruction, in its operand registers
-  (`_dot_codes`). The slices'
-  fp32 partials meet in a workspace; the last program of a column tile to finish (a counter per tile) adds them,
-  adds the bias and writes the output, then sets its counter back to zero: one launch per product. With
-  programmatic dependent launch (sm_90) a program loads its first codes before waiting for the kernel before it.
+  (`_dot_codes`). The slices' fp32 partials meet in a workspace; the last program of a column tile to finish (a
+  counter per tile) adds them, adds the bias and writes the output, then sets its counter back to zero: one launch
+  per product. With programmatic dependent launch (sm_90) a program loads its first codes before waiting for the
+  kernel before it.
 - More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
   the weight tile dequantized to the activation dtype and fed to tl.dot.
 - DEQUANT_ROWS rows and more (prefill): `_w4_dequant_kernel` writes the whole weight in the activation dtype (a
@@ -548,6 +548,14 @@ def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, s
     return SplitPlan(splits, k_per_split, tiles, chunk, out, part, counters)
 
 
+def inline_codes(device: DeviceInfo, dtype: torch.dtype) -> bool:
+    """Whether `_dot_codes` makes the codes with inline PTX: compiled kernels only (the interpreter runs no PTX),
+    and bf16 pairs (fma.rn.bf16x2) from sm_80."""
+    if device.triton != TritonMode.COMPILED:
+        return False
+    return dtype != torch.bfloat16 or (device.capability or (0, 0)) >= (8, 0)
+
+
 def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
     m, k = x.shape
     n = qweight.shape[1]
@@ -570,7 +578,7 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
         MAGIC=MAGIC[x.dtype], SPLIT=plan.splits > 1, CHUNK=plan.chunk, TF32=cfg.tf32, PDL=pdl,
-        ASM=device.triton == TritonMode.COMPILED, num_warps=cfg.num_warps,
+        ASM=inline_codes(device, x.dtype), num_warps=cfg.num_warps,
         **pdl_options(pdl),
     )  # fmt: skip
     return plan.out

@@ -1,0 +1,62 @@
+"""The W4A16 tl.dot GEMV compiles (ptxas, no GPU needed) for an arch without bf16 pairs and for sm_90, in both 16-bit
+dtypes: its inline PTX (`_dot_codes`) uses instructions that older arches lack, and `inline_codes` must keep them
+from those. The compiles run in a process of their own (compiled, not interpreted):
+
+    python -m tests.kernels.test_quant_linear_compile
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.kernels.attention_helpers import sim_device
+from vlchat.kernels.device import TritonMode
+from vlchat.kernels.ops.quant_linear import MAGIC, inline_codes
+
+POINTERS = {"qw_ptr": "*i32", "z_ptr": "*u8", "g_ptr": "*i32", "part_ptr": "*fp32", "count_ptr": "*i32"}
+ARCHS = ((7, 5), (9, 0))
+
+
+def test_inline_codes_only_where_compiled_kernels_have_the_instructions():
+    for cap in ((7, 0), (7, 5), (8, 0), (9, 0)):
+        compiled = sim_device(cap, mode=TritonMode.COMPILED)
+        assert inline_codes(compiled, torch.float16)
+        assert inline_codes(compiled, torch.bfloat16) == (cap >= (8, 0))  # fma.rn.bf16x2 is sm_80's
+        assert not inline_codes(sim_device(cap, mode=TritonMode.INTERPRETED), torch.float16)
+
+
+def test_the_dot_gemv_compiles_for_old_and_new_arches():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "tests.kernels.test_quant_linear_compile"], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == [f"sm{a}{b}-{d}" for a, b in ARCHS for d in ("float16", "bfloat16")]
+
+
+def compile_all() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vlchat.kernels.ops.quant_linear import _w4a16_gemv_kernel
+
+    for cap in ARCHS:
+        for dtype in (torch.float16, torch.bfloat16):
+            constexprs = dict(GROUP=128, HAS_ZEROS=True, HAS_GIDX=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64,
+                              BLOCK_K=128, DOT=True, MAGIC=MAGIC[dtype], SPLIT=True, CHUNK=8, TF32=False, PDL=False,
+                              ASM=inline_codes(sim_device(cap, mode=TritonMode.COMPILED), dtype))  # fmt: skip
+            elt = "*" + {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+            sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, elt) if n.endswith("_ptr") else "i32"
+                   for n in _w4a16_gemv_kernel.arg_names}  # fmt: skip
+            src = ASTSource(fn=_w4a16_gemv_kernel, signature=sig, constexprs=constexprs)
+            triton.compile(src, target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32), options={"num_warps": 4})
+            print(f"sm{cap[0]}{cap[1]}-{str(dtype).removeprefix('torch.')}", flush=True)
+
+
+if __name__ == "__main__":
+    compile_all()
