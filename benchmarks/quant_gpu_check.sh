@@ -5,12 +5,12 @@
 #
 # 1. tests: the quantized kernels' and layers' GPU tests (W4A16, FP8, GGUF dequantization; CUDA-graph decoding);
 # 2. quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections);
-# 3. serving_fp16, then fp8_gemv_tune (the FP8 GEMV's tiles against torch._scaled_mm at 1-128 rows) followed in
+# 3. quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16, FP8);
+# 4. serving_fp16, then fp8_gemv_tune (the FP8 GEMV's tiles against torch._scaled_mm at 1-128 rows) followed in
 #    its process by the --quantization fp8 serving run with its picked tiles (Llama-2-7B shape, sharegpt-like-v1,
-#    1,000 prompts, concurrency 128);
-# 4. quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16, FP8).
+#    1,000 prompts, concurrency 128).
 # Each step has its own time limit; all of them can outrun one 10-minute device call (on an H100 2026-12-06
-# steps 1-2 took 4 minutes), so STEPS="serving_fp16 fp8_gemv_tune quant_decode" runs only those named. A step that
+# steps 1-2 took 4 minutes), so STEPS="quant_decode serving_fp16 fp8_gemv_tune" runs only those named. A step that
 # fails or runs out of time is recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files:
 # summary.md and quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
 set -uo pipefail
@@ -57,19 +57,19 @@ want tests && step tests 120 $PY -m pytest -q -x -p no:cacheprovider \
   tests/llm/test_gguf.py::test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers
 want quant_linear && step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
 want gguf_linear && step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
+want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
 SERVE=(--shape llama2-7b --dtype float16 --num-prompts 1000 --concurrency 128)
 want serving_fp16 && step serving_fp16 60 $PY -m benchmarks.serving "${SERVE[@]}" --out "$RUN/results/serving_fp16_llama2-7b"
 # the tiles' sweep, then the fp8 serving run with its picks put into the process (the committed table when the
 # picks equal it)
 want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results" \
   --serve "${SERVE[@]}" --quantization fp8 --out "$RUN/results/serving_fp8_llama2-7b"
-want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
 
 {
   echo
   echo "| step | status | s |"
   echo "|---|---|---|"
-  for s in tests quant_linear gguf_linear serving_fp16 fp8_gemv_tune quant_decode; do
+  for s in tests quant_linear gguf_linear quant_decode serving_fp16 fp8_gemv_tune; do
     echo "| $s | ${STATUS[$s]:-not run} | ${TIME[$s]:--} |"
   done
   echo
