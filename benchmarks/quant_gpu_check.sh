@@ -75,6 +75,7 @@ want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --o
   echo
   tail -n 1 "$RUN/tests.log" 2>/dev/null | sed 's/^/tests: /'
   grep -h -A8 "^| format |" "$RUN"/results/quant_decode_*.md 2>/dev/null
+  grep -h -m1 -A11 "^| rows | fp16 us" "$RUN"/results/quant_linear_*.md 2>/dev/null | cut -d'|' -f1-7
   grep -h "^Picks" "$RUN"/results/fp8_gemv_tune_*.md 2>/dev/null
   grep -h -i -m1 "req/s" "$RUN/serving_fp16.log" 2>/dev/null | sed "s/^/serving fp16: /"
   grep -h -i -m1 "req/s" "$RUN/fp8_gemv_tune.log" 2>/dev/null | sed "s/^/serving fp8 (picked tiles): /"
