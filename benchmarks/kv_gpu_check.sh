@@ -11,7 +11,9 @@
 # then a short table of all three, printed last.
 # Run from the repository root on one GPU:  OUT=/some/dir bash benchmarks/kv_gpu_check.sh
 # The tests alone took more than 200 s on an H100 (2026-12-06): SKIP_TESTS=1 gives parts 2-3 the whole call, and
-# TESTS_LIMIT=500 gives the tests one of their own (parts 2-3 then stop at the deadline).
+# TESTS_LIMIT=500 gives the tests one of their own (parts 2-3 then stop at the deadline). SERVING=128 adds the serving
+# load (Llama-2-7B shape, sharegpt-like-v1, 1,000 prompts at that concurrency) with fp16 and fp8 KV between parts 2
+# and 3; SKIP_MILLION=1 leaves out part 3 (an 80 GB card holds no million-token fp8 cache).
 set -uo pipefail
 OUT=${OUT:-$PWD/kv_gpu_out}
 PREFILL=${PREFILL:-262144}
@@ -38,7 +40,21 @@ timeout $(( $(left) > 120 ? 120 : $(left) )) "${RUN_MODULE[@]}" benchmarks.kv_ca
 dtype_rc=$?
 tail -15 "$OUT/kv_cache_dtype.log"
 
+serving_rc="not run"
+if [ -n "${SERVING:-}" ]; then  # the serving load with each cache format (fp16 and fp8 KV, concurrency $SERVING)
+  echo "== serving: llama2-7b, concurrency $SERVING, fp16 and fp8 KV =="
+  serving_rc=""
+  for kv in auto fp8; do
+    timeout $(( $(left) > 100 ? 100 : $(left) )) "${RUN_MODULE[@]}" benchmarks.serving --shape llama2-7b --dtype float16 \
+      --num-prompts 1000 --concurrency "$SERVING" --kv-cache-dtype $kv --out "$OUT/serving-kv-$kv-c$SERVING" \
+      > "$OUT/serving_$kv.log" 2>&1
+    serving_rc="$serving_rc $kv:$?"
+    grep -m1 -i "req/s" "$OUT/serving_$kv.log" | sed "s/^/kv $kv: /"
+  done
+fi
+
 echo "== 3. million_context (fp8, 1,048,576 tokens; prefill $PREFILL) =="
+[ -n "${SKIP_MILLION:-}" ] && echo "(skipped: SKIP_MILLION)" > "$OUT/million_context.log" ||
 timeout "$(left)" "${RUN_MODULE[@]}" benchmarks.million_context --out "$OUT" --kv-cache-dtype fp8 --context 1048576 \
   --prefill "$PREFILL" > "$OUT/million_context.log" 2>&1
 million_rc=$?
@@ -49,6 +65,8 @@ echo "== summary ($((SECONDS - start)) s; rc 124 = cut off at the deadline) =="
 echo "tests rc=$tests_rc: $(tail -1 "$OUT/tests.log")"
 echo "kv_cache_dtype rc=$dtype_rc"
 cat "$OUT"/kv_cache_dtype_*.md 2>/dev/null | grep '^|' || echo "(no kv_cache_dtype table)"
+echo "serving rc:$serving_rc"
+grep -h -m1 -i "req/s" "$OUT"/serving_*.log 2>/dev/null
 echo "million_context rc=$million_rc"
 python - "$OUT" <<'EOF'
 import glob, json, sys
