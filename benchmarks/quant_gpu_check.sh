@@ -4,8 +4,8 @@
 #   bash benchmarks/quant_gpu_check.sh
 #
 # 1. tests: the quantized kernels' and layers' GPU tests (W4A16, FP8, GGUF dequantization; CUDA-graph decoding);
-# 2. quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections);
-# 3. quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16, FP8);
+# 2. quant_decode (engine decode steps of the 7B shape: fp16, GPTQ W4A16, FP8);
+# 3. quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections);
 # 4. serving_fp16, then fp8_gemv_tune (the FP8 GEMV's tiles against torch._scaled_mm at 1-128 rows) followed in
 #    its process by the --quantization fp8 serving run with its picked tiles (Llama-2-7B shape, sharegpt-like-v1,
 #    1,000 prompts, concurrency 128).
@@ -55,9 +55,9 @@ want tests && step tests 120 $PY -m pytest -q -x -p no:cacheprovider \
   tests/kernels/test_ops_quant_linear.py tests/kernels/test_ops_fp8_linear.py tests/kernels/test_ops_gguf_dequant.py tests/kernels/test_ops_gguf_linear.py \
   tests/llm/test_quantization.py::test_a_quantized_model_decodes_the_same_from_cuda_graphs_as_eagerly \
   tests/llm/test_gguf.py::test_tiny_llama_gguf_blocks_on_the_gpu_equal_transformers
+want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
 want quant_linear && step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
 want gguf_linear && step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
-want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "$RUN/results"
 SERVE=(--shape llama2-7b --dtype float16 --num-prompts 1000 --concurrency 128)
 want serving_fp16 && step serving_fp16 60 $PY -m benchmarks.serving "${SERVE[@]}" --out "$RUN/results/serving_fp16_llama2-7b"
 # the tiles' sweep, then the fp8 serving run with its picks put into the process (the committed table when the
@@ -69,7 +69,7 @@ want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --o
   echo
   echo "| step | status | s |"
   echo "|---|---|---|"
-  for s in tests quant_linear gguf_linear quant_decode serving_fp16 fp8_gemv_tune; do
+  for s in tests quant_decode quant_linear gguf_linear serving_fp16 fp8_gemv_tune; do
     echo "| $s | ${STATUS[$s]:-not run} | ${TIME[$s]:--} |"
   done
   echo
