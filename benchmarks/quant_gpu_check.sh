@@ -16,7 +16,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/quant_gpu_out}
 mkdir -p "$OUT"
-RUN=$(mktemp -d)
+RUN="$OUT/run"  # under $OUT: a call cut off at its limit still brings back the steps that ended
 mkdir -p "$RUN/results"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
