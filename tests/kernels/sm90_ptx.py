@@ -30,11 +30,11 @@ PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse
 MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
 
 
-def compile_ptx(fn, constexprs, descriptors=None, divisible=(), pointer_types=None, **options) -> str:
-    """PTX of `fn` for sm_90 with dependent launch: pointers fp16 unless in PTR_TYPES or `pointer_types` (by name),
-    descriptors given by name
-    (a Gluon kernel), the rest int32 (FLOATS fp32); the arguments named in `divisible` multiples of 16, as
-    Triton's launcher specializes them when they are (aligned pointers, sizes), which lets loads vectorize."""
+def compile_ptx(fn, constexprs, descriptors=None, divisible=(), pointer_types=None, arch=90, **options) -> str:
+    """PTX of `fn` for sm_`arch` (default 90, with dependent launch; ptxas runs too): pointers fp16 unless in
+    PTR_TYPES or `pointer_types` (by name), descriptors given by name (a Gluon kernel), the rest int32 (FLOATS
+    fp32); the arguments named in `divisible` multiples of 16, as Triton's launcher specializes them when they are
+    (aligned pointers, sizes), which lets loads vectorize."""
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -51,8 +51,8 @@ def compile_ptx(fn, constexprs, descriptors=None, divisible=(), pointer_types=No
         source = ASTSource
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     src = source(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": 4, **options, "launch_pdl": True}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    options = {"num_warps": 4, **options, "launch_pdl": arch >= 90}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options).asm["ptx"]
 
 
 def before_wait(ptx: str) -> dict:

@@ -32,30 +32,26 @@ def test_inline_codes_only_where_compiled_kernels_have_the_instructions():
 
 def test_the_dot_gemv_compiles_for_old_and_new_arches():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.kernels.test_quant_linear_compile"], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    run = subprocess.run([sys.executable, "-m", "tests.kernels.test_quant_linear_compile"], env=env, text=True,
+                         capture_output=True, timeout=300, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == [f"sm{a}{b}-{d}" for a, b in ARCHS for d in ("float16", "bfloat16")]
 
 
 def compile_all() -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    from tests.kernels.sm90_ptx import compile_ptx
     from vlchat.kernels.ops.quant_linear import _w4a16_gemv_kernel
 
     for cap in ARCHS:
         for dtype in (torch.float16, torch.bfloat16):
+            name = str(dtype).removeprefix("torch.")
             constexprs = dict(GROUP=128, HAS_ZEROS=True, HAS_GIDX=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64,
                               BLOCK_K=128, DOT=True, MAGIC=MAGIC[dtype], SPLIT=True, CHUNK=8, TF32=False, PDL=False,
                               ASM=inline_codes(sim_device(cap, mode=TritonMode.COMPILED), dtype))  # fmt: skip
             elt = "*" + {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-            sig = {n: "constexpr" if n in constexprs else POINTERS.get(n, elt) if n.endswith("_ptr") else "i32"
-                   for n in _w4a16_gemv_kernel.arg_names}  # fmt: skip
-            src = ASTSource(fn=_w4a16_gemv_kernel, signature=sig, constexprs=constexprs)
-            triton.compile(src, target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32), options={"num_warps": 4})
-            print(f"sm{cap[0]}{cap[1]}-{str(dtype).removeprefix('torch.')}", flush=True)
+            types = {**POINTERS, **{p: elt for p in ("x_ptr", "s_ptr", "b_ptr", "out_ptr")}}
+            compile_ptx(_w4a16_gemv_kernel, constexprs, pointer_types=types, arch=cap[0] * 10 + cap[1])
+            print(f"sm{cap[0]}{cap[1]}-{name}", flush=True)
 
 
 if __name__ == "__main__":
