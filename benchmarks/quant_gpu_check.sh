@@ -22,15 +22,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM
 PY=${PY:-python3}
 START=$(date +%s)
 
-# vlchat without installing it: a namespace package `vlchat` whose subpackages are the repository's folders
-SHIM=$(mktemp -d)
-mkdir -p "$SHIM/vlchat"
-for d in app kernels llm vision assets; do ln -s "$PWD/$d" "$SHIM/vlchat/$d"; done
-export PYTHONPATH="$SHIM:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# wheels carried beside the tree (gguf, compressed-tensors, pytest) install offline where the image lacks them
-if ls shared/wheels/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --find-links shared/wheels gguf compressed-tensors pytest >"$RUN/pip.log" 2>&1 || true
-fi
+# vlchat without installing it, and the packages the device image lacks (.whl/ carried along)
+source benchmarks/device_setup.sh >"$RUN/setup.log" 2>&1
 $PY - <<'EOF' | tee "$RUN/env.txt"
 import importlib.util, torch, triton
 print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__)
