@@ -9,7 +9,7 @@ of decode steps; 128-4096: the tiled GEMM of prefill), fp16:
 - W4A16 us: kernels/ops/quant_linear.py at its per-arch tiles, group --group with zeros (GPTQ/AWQ asymmetric);
 - read floor us: a kernel that only reads the W4A16 weight's bytes (codes, scales, zeros; gpu_timing.read_floor_us),
   and the fraction of that rate the W4A16 product reaches;
-- FP8 us: kernels/ops/fp8_linear.py as the engine runs it (per-token FP8 activations; the FP8 GEMV up to 16 rows,
+- FP8 us: kernels/ops/fp8_linear.py as the engine runs it (per-token FP8 activations; the FP8 GEMV up to GEMV_ROWS,
   torch._scaled_mm above) where the GPU has FP8 tensor cores (sm_89+), else "-"; FP8 floor us: reading the FP8
   weight's bytes, and the fraction of that rate FP8 reaches; FP8 GEMV / _scaled_mm us: each of the two alone
   (the GEMV up to its 128 rows), which places fp8_linear.GEMV_ROWS; W4A16 GEMV-dot us: at 17-64 rows, the
