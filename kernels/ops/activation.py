@@ -1,8 +1,10 @@
-"""Gated activations of the decoder MLP: SiLU-and-mul (SwiGLU) and tanh-GELU-and-mul (GeGLU).
+"""Gated activations of the decoder MLP: SiLU-and-mul (SwiGLU) and tanh-GELU-and-mul (GeGLU); CLIP's QuickGELU.
 
-Input rows hold `[gate | up]` (the fused gate_up projection); the output is
-`act(gate) * up`. The reference rounds like transformers (activation in the
-input dtype, then the product); the kernel computes in fp32 and rounds once.
+Gated input rows hold `[gate | up]` (the fused gate_up projection); the output is
+`act(gate) * up`. The references round like transformers (activation in the
+input dtype, then the product); the kernels compute in fp32 and round once.
+QuickGELU (x * sigmoid(1.702 x), the CLIP and Qwen2-VL vision MLPs') is one pass
+over its input instead of torch's three (scale, sigmoid, product).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from vlchat.kernels.launch import launch_compiled
 
 SILU = "ops.silu_and_mul"
 GELU_TANH = "ops.gelu_tanh_and_mul"
+QUICK_GELU = "ops.quick_gelu"
 BLOCK = 1024
 
 
@@ -32,6 +35,10 @@ def gelu_tanh_and_mul_reference(x):
     # x: [tokens, 2 * inter] -> [tokens, inter]
     gate, up = x.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
+
+
+def quick_gelu_reference(x):
+    return x * torch.sigmoid(1.702 * x)
 
 
 @triton.jit
@@ -74,6 +81,25 @@ def _act_and_mul_triton(x, act):
     return out
 
 
+@triton.jit
+def _quick_gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    # x * sigmoid(1.702 x); for x -> -inf the exp overflows to inf and the quotient is -0
+    y = x / (1.0 + tl.exp(-1.702 * x))
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def quick_gelu_triton(x):
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if x.numel():
+        launch_compiled(_quick_gelu_kernel, (triton.cdiv(x.numel(), BLOCK),), x, out, x.numel(), BLOCK=BLOCK,
+                        num_warps=4)  # fmt: skip
+    return out
+
+
 def silu_and_mul_triton(x):
     return _act_and_mul_triton(x, "silu")
 
@@ -84,6 +110,7 @@ def gelu_tanh_and_mul_triton(x):
 
 dispatch.register(SILU, silu_and_mul_reference, silu_and_mul_triton)
 dispatch.register(GELU_TANH, gelu_tanh_and_mul_reference, gelu_tanh_and_mul_triton)
+dispatch.register(QUICK_GELU, quick_gelu_reference, quick_gelu_triton)
 
 
 def _check(x, name):
@@ -101,3 +128,8 @@ def gelu_tanh_and_mul(x):
     """GeGLU: gelu_tanh(x[:, :inter]) * x[:, inter:] for x [tokens, 2 * inter] -> [tokens, inter]."""
     _check(x, "gelu_tanh_and_mul")
     return dispatch.get_impl(GELU_TANH, x.dtype, device_for(x))(x)
+
+
+def quick_gelu(x):
+    """x * sigmoid(1.702 x) elementwise, any shape."""
+    return dispatch.get_impl(QUICK_GELU, x.dtype, device_for(x))(x)
