@@ -64,6 +64,44 @@ def flops_of(fn) -> float:
     return float(counter.get_total_flops())
 
 
+KERNEL_KINDS = (  # (kind, substrings of a kernel's lowercased name), first match wins
+    ("gemm", ("gemm", "xmma", "nvjet", "cutlass", "cublas", "wgmma")),
+    ("attention", ("attn", "attention", "prefill", "flash")),
+    ("norm", ("norm",)),
+)
+
+
+def kernel_breakdown(fn) -> dict:
+    """GPU kernel time of one call of `fn` by kind (GEMM, attention, norm, other elementwise), from torch.profiler;
+    with the five longest kernels, so a tower's time can be placed against its FLOPs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        return _kernel_breakdown(fn, profile, ProfilerActivity)
+    except Exception as e:  # the timings above stand without it
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _kernel_breakdown(fn, profile, ProfilerActivity) -> dict:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kinds: dict[str, float] = {}
+    kernels: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name.lower()
+        kind = next((k for k, keys in KERNEL_KINDS if any(key in name for key in keys)), "other")
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
+        kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + us / 1e3
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:5]
+    return {"ms_by_kind": kinds, "top_kernels_ms": dict(top)}
+
+
 def gemm_ceiling(device: str) -> float:
     """TFLOP/s of one large bf16 matmul on this device: the ceiling a GEMM-bound tower can approach."""
     n = 8192 if device == "cuda" else 256
@@ -132,7 +170,10 @@ def bench_clip(shape, batches, device, iters):
     for batch in batches:
         x = torch.randn(batch, 3, shape["image_size"], shape["image_size"], device=device, dtype=torch.bfloat16)
         rows.append(compare(batch, iters, lambda x=x: hf(x), lambda x=x: first(x), graphs, x, fn=first))
-    return {"errors": err, "rows": rows, "gflop_per_image": flops / 1e9}
+    out = {"errors": err, "rows": rows, "gflop_per_image": flops / 1e9}
+    if device == "cuda":
+        out["breakdown"] = {"batch": batches[-1], **kernel_breakdown(lambda x=x: first(x))}
+    return out
 
 
 def merged(out) -> torch.Tensor:
@@ -170,7 +211,10 @@ def bench_qwen(shape, batches, side, device, iters):
         encode = functools.partial(ours.encode, max_full=plan.max_full, max_win=plan.max_win)
         rows.append(compare(batch, iters, lambda x=x, g=g: hf(x, grid_thw=g), lambda x=x, g=g: ours(x, g), graphs,
                             x, *plan.tensors(), fn=encode))  # fmt: skip
-    return {"errors": err, "rows": rows, "gflop_per_image": flops / 1e9}
+    out = {"errors": err, "rows": rows, "gflop_per_image": flops / 1e9}
+    if device == "cuda":
+        out["breakdown"] = {"batch": batches[-1], **kernel_breakdown(lambda x=x, g=g: ours(x, g))}
+    return out
 
 
 def end_to_end(family: str, device: str, smoke: bool) -> dict:
@@ -257,6 +301,13 @@ def markdown(res: dict) -> str:
                 f"{tflops / ceiling:.2f} | {ceiling * 1e3 / gflop:.0f} |"
             )
         lines.append("")
+        if "ms_by_kind" in part.get("breakdown", {}):
+            b = part["breakdown"]
+            total = sum(b["ms_by_kind"].values())
+            kinds = ", ".join(f"{k} {ms:.2f} ms ({ms / total:.0%})" for k, ms in b["ms_by_kind"].items())
+            top = "; ".join(f"`{k}` {ms:.2f}" for k, ms in b["top_kernels_ms"].items())
+            lines += [f"Kernel time of one eager forward at {b['batch']} images (torch.profiler): {kinds}. "
+                      f"Longest kernels (ms): {top}.", ""]  # fmt: skip
     for family in ("llava", "qwen2-vl"):
         part = res.get(f"e2e_{family}")
         lines += [f"## End to end, {family} (mid-size random model, bf16, mixed batch)", ""]
