@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vlchat.kernels.attention import varlen_attention
-from vlchat.kernels.ops import apply_rotary, quick_gelu
+from vlchat.kernels.ops import apply_rotary, layer_norm, quick_gelu, rms_norm
 from vlchat.llm.layers.activation import get_act_and_mul
 from vlchat.llm.layers.linear import MergedLinear, QKVLinear
 
@@ -69,6 +69,17 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+def add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual): a block's residual add and the norm after it, one kernel on a GPU for
+    LayerNorm and RMSNorm (kernels.ops), so the residual stream is read and written once."""
+    if isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None:
+        return layer_norm(x, norm.weight, norm.bias, norm.eps, residual)
+    if isinstance(norm, RMSNorm):
+        return rms_norm(x, norm.weight, norm.eps, residual)
+    residual = x + residual
+    return norm(residual), residual
 
 
 class SwiGLU(nn.Module):

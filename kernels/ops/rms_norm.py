@@ -63,7 +63,8 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _num_warps(block: int) -> int:
+def num_warps(block: int) -> int:
+    """Warps of a one-row-per-program norm kernel over a row of `block` columns."""
     return max(1, min(16, block // 256))
 
 
@@ -86,7 +87,7 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
             x, res, weight.contiguous(), out, new_res,
             x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
             hidden, float(eps), float(weight_offset),
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=_num_warps(block), **pdl_options(pdl),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=num_warps(block), **pdl_options(pdl),
         )  # fmt: skip
     return out if residual is None else (out, new_res)
 

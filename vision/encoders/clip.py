@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from vlchat.llm.weights import WeightRule, load_tensors
-from vlchat.vision.layers import VisionAttention, mlp, uniform_cu_seqlens
+from vlchat.vision.layers import VisionAttention, add_norm, mlp, uniform_cu_seqlens
 from vlchat.vision.weights import FUSED_RULES, drop_layers_rule
 
 _KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
@@ -67,8 +67,8 @@ class ClipEncoderLayer(nn.Module):
         self.mlp = mlp(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        x = x + self.self_attn(self.layer_norm1(x), cu_seqlens, max_seqlen)
-        return x + self.mlp(self.layer_norm2(x))
+        h, x = add_norm(self.layer_norm2, self.self_attn(self.layer_norm1(x), cu_seqlens, max_seqlen), x)
+        return x + self.mlp(h)
 
 
 class ClipEmbeddings(nn.Module):

@@ -19,7 +19,7 @@ from torch import nn
 
 from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.llm.weights import WeightRule, load_tensors
-from vlchat.vision.layers import RMSNorm, SwiGLU, VisionAttention, mlp
+from vlchat.vision.layers import RMSNorm, SwiGLU, VisionAttention, add_norm, mlp
 from vlchat.vision.weights import FUSED_RULES, packed_rule
 
 from .qwen_windows import full_cu_seqlens, rotary_positions, window_index
@@ -111,8 +111,8 @@ class QwenViTBlock(nn.Module):
         self.attn = VisionAttention(cfg.dim, cfg.num_heads)
 
     def forward(self, x, cu_seqlens, max_seqlen, rotary):
-        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
-        return x + self.mlp(self.norm2(x))
+        h, x = add_norm(self.norm2, self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary), x)
+        return x + self.mlp(h)
 
 
 class PatchMerger(nn.Module):
