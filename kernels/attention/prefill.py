@@ -62,16 +62,18 @@ def _dequant(x, sz_rows, n_ok, offs_d, mul, dtype, QUANT: tl.constexpr):
 
 @triton.jit
 def _keys(
-    acc, l_i, m_i, q, k_src, v_src, table, lo, hi, key_off, limit, pos, window, pre_scale, post_scale,
-    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+    acc, acc2, l_i, m_i, q, q2, k_src, v_src, table, lo, hi, key_off, limit, pos, window, pre_scale, post_scale,
+    offs_d, offs_e, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-    QUANT: tl.constexpr,
+    QUANT: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Keys lo..hi (source-local index t; absolute position key_off + t) into the online softmax.
     SRC: 0 the paged cache through the block table, 1 contiguous rows by pointers, 2 rows by TMA descriptors.
     QUANT (the paged source only): the cache's format (kv_quant.QUANT_CODES); quant = (K scale/zero pointer,
-    V scale/zero pointer, their block and token strides, the fp8 multipliers of K and V)."""
+    V scale/zero pointer, their block and token strides, the fp8 multipliers of K and V).
+    SPLIT (pointer sources, unquantized): the head's columns offs_e beyond offs_d are a second block, q2 and acc2
+    (head_split), so that a head_dim such as 80 runs as 64 + 16 columns instead of a padded 128."""
     if QUANT == 3:  # int4 pages: two dimensions a byte
         cols = offs_d // 2
     else:
@@ -95,6 +97,9 @@ def _keys(
                 k_sz = ksz + page * stride_sb + (offs_t % PAGE) * stride_st
                 k = _dequant(k, k_sz, t_ok, offs_d, k_mul, q.dtype, QUANT)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        if SPLIT:
+            k2 = _tile(k_src, k_rows, offs_e, t_ok, d_ok, MASKED, True)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=PRECISION)
         if SOFTCAP:
             s = _tanh(s * pre_scale) * post_scale
         if MASKED:
@@ -126,17 +131,20 @@ def _keys(
                 v_sz = vsz + page * stride_ub + (offs_t % PAGE) * stride_ut
                 v = _dequant(v, v_sz, t_ok, offs_d, v_mul, q.dtype, QUANT)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        if SPLIT:
+            v2 = _tile(v_src, v_rows, offs_e, t_ok, d_ok, MASKED, True)
+            acc2 = tl.dot(p.to(v2.dtype), v2, acc2 * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit
 def _span(
-    acc, l_i, m_i, q, k_src, v_src, table, key_off, limit, first, last, pos, window, pre_scale, post_scale,
-    offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+    acc, acc2, l_i, m_i, q, q2, k_src, v_src, table, key_off, limit, first, last, pos, window, pre_scale,
+    post_scale, offs_d, offs_e, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SRC: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-    QUANT: tl.constexpr,
+    QUANT: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One source's keys t in [0, limit) (absolute position key_off + t) for query rows first..last."""
     if CAUSAL:
@@ -156,22 +164,22 @@ def _span(
     full_hi = tl.minimum(full_hi, limit // BLOCK_N * BLOCK_N)  # a tile past the source's end is masked
     full_lo = tl.minimum(full_lo, hi)
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    acc, l_i, m_i = _keys(
-        acc, l_i, m_i, q, k_src, v_src, table, lo, full_lo, key_off, limit, pos, window, pre_scale, post_scale,
-        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
-        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
+    acc, acc2, l_i, m_i = _keys(
+        acc, acc2, l_i, m_i, q, q2, k_src, v_src, table, lo, full_lo, key_off, limit, pos, window, pre_scale,
+        post_scale, offs_d, offs_e, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT, SPLIT,
     )  # fmt: skip
-    acc, l_i, m_i = _keys(
-        acc, l_i, m_i, q, k_src, v_src, table, full_lo, full_hi, key_off, limit, pos, window, pre_scale, post_scale,
-        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
-        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
+    acc, acc2, l_i, m_i = _keys(
+        acc, acc2, l_i, m_i, q, q2, k_src, v_src, table, full_lo, full_hi, key_off, limit, pos, window, pre_scale,
+        post_scale, offs_d, offs_e, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+        BLOCK_N, PAGE, SRC, False, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT, SPLIT,
     )  # fmt: skip
-    acc, l_i, m_i = _keys(
-        acc, l_i, m_i, q, k_src, v_src, table, full_hi, hi, key_off, limit, pos, window, pre_scale, post_scale,
-        offs_d, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
-        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
+    acc, acc2, l_i, m_i = _keys(
+        acc, acc2, l_i, m_i, q, q2, k_src, v_src, table, full_hi, hi, key_off, limit, pos, window, pre_scale,
+        post_scale, offs_d, offs_e, d_ok, row0, col0, stride_kb, stride_kt, stride_vb, stride_vt, quant,
+        BLOCK_N, PAGE, SRC, True, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT, SPLIT,
     )  # fmt: skip
-    return acc, l_i, m_i
+    return acc, acc2, l_i, m_i
 
 
 @triton.jit
@@ -181,10 +189,10 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_ct, stride_ch, stride_db, stride_dt, stride_dh, stride_ot, stride_oh, stride_tb,
     stride_sb, stride_st, stride_sh, stride_ub, stride_ut, stride_uh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, ROWS: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
-    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, QUANT: tl.constexpr,
+    PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     h, m_blk = launch_order.program_tile(HEADS_FIRST)
     b = tl.program_id(1)
@@ -201,13 +209,18 @@ def _prefill_kernel(
 
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_e = BLOCK_D + tl.arange(0, BLOCK_E)  # SPLIT: the head's columns past the first block
     m_ok = offs_m < q_len
     d_ok = offs_d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + h * stride_qh
     if TMA:  # rows past q_len belong to the next sequence: loaded, never stored
         q = q_desc.load([q_start + m_blk * BLOCK_M, h * HEAD_DIM])
     else:
-        q_rows = (q_start + offs_m).to(tl.int64) * stride_qt + h * stride_qh
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if SPLIT:
+        q2 = tl.load(q_ptr + q_rows[:, None] + offs_e[None, :], mask=m_ok[:, None], other=0.0)
+    else:
+        q2 = q
     pos = prefix + offs_m  # [BLOCK_M] absolute positions
     first = prefix + m_blk * BLOCK_M
     last = prefix + tl.minimum(q_len, (m_blk + 1) * BLOCK_M) - 1
@@ -215,6 +228,7 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     if PAGED:  # the cached prefix, or every key when no fresh rows were given
         if ROWS:
             paged_end = prefix
@@ -222,31 +236,49 @@ def _prefill_kernel(
             paged_end = kv_len
         quant = (ksz_ptr + kvh * stride_sh, vsz_ptr + kvh * stride_uh, stride_sb, stride_st, stride_ub, stride_ut,
                  k_mul, v_mul)  # fmt: skip
-        acc, l_i, m_i = _span(
-            acc, l_i, m_i, q, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_dh,
+        acc, acc2, l_i, m_i = _span(
+            acc, acc2, l_i, m_i, q, q2, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_dh,
             tables_ptr + b.to(tl.int64) * stride_tb, 0, paged_end, first, last, pos, window, pre_scale, post_scale,
-            offs_d, d_ok, 0, 0, stride_cb, stride_ct, stride_db, stride_dt, quant,
-            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT,
+            offs_d, offs_e, d_ok, 0, 0, stride_cb, stride_ct, stride_db, stride_dt, quant,
+            BLOCK_N, PAGE, 0, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, QUANT, SPLIT,
         )  # fmt: skip
     if ROWS:  # the chunk's own keys, contiguous rows from q_start
         if TMA:
-            acc, l_i, m_i = _span(
-                acc, l_i, m_i, q, k_desc, v_desc, tables_ptr, prefix, q_len, first, last, pos, window,
-                pre_scale, post_scale, offs_d, d_ok, q_start, kvh * HEAD_DIM, 0, 0, 0, 0, 0,
-                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, 0,
+            acc, acc2, l_i, m_i = _span(
+                acc, acc2, l_i, m_i, q, q2, k_desc, v_desc, tables_ptr, prefix, q_len, first, last, pos, window,
+                pre_scale, post_scale, offs_d, offs_e, d_ok, q_start, kvh * HEAD_DIM, 0, 0, 0, 0, 0,
+                BLOCK_N, PAGE, 2, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, 0, False,
             )  # fmt: skip
         else:
-            acc, l_i, m_i = _span(
-                acc, l_i, m_i, q, k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh,
+            acc, acc2, l_i, m_i = _span(
+                acc, acc2, l_i, m_i, q, q2, k_ptr + q_start.to(tl.int64) * stride_kt + kvh * stride_kh,
                 v_ptr + q_start.to(tl.int64) * stride_vt + kvh * stride_vh, tables_ptr, prefix, q_len, first, last,
-                pos, window, pre_scale, post_scale, offs_d, d_ok, 0, 0, 0, stride_kt, 0, stride_vt, 0,
-                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, 0,
+                pos, window, pre_scale, post_scale, offs_d, offs_e, d_ok, 0, 0, 0, stride_kt, 0, stride_vt, 0,
+                BLOCK_N, PAGE, 1, CAUSAL, HAS_WINDOW, SOFTCAP, EVEN_D, PRECISION, 0, SPLIT,
             )  # fmt: skip
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     o_rows = (q_start + offs_m).to(tl.int64) * stride_ot + h * stride_oh
     tl.store(
-        out_ptr + o_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :]
+        out_ptr + o_rows[:, None] + offs_d[None, :], (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty),
+        mask=m_ok[:, None] & d_ok[None, :],
     )
+    if SPLIT:
+        o2 = acc2 * inv_l[:, None]
+        tl.store(out_ptr + o_rows[:, None] + offs_e[None, :], o2.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+def head_split(head_dim: int) -> tuple[int, int]:
+    """(first, second) column blocks of a head, both powers of two (Triton's tiles): a head_dim that is one power of
+    two plus a smaller one of at least 16 runs as two blocks (80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16) rather
+    than padded to the next power of two, which would take 1.6x the tensor-core work at 80; any other as one
+    block padded to the next power of two, second 0 (a compiled tl.dot takes K >= 16, so a head_dim under 16 is
+    padded to 16 with its columns masked)."""
+    padded = max(16, triton.next_power_of_2(head_dim))
+    first = padded // 2
+    second = head_dim - first
+    if padded == head_dim or second < 16 or second & (second - 1):
+        return padded, 0
+    return first, second
 
 
 def _descriptor(t, block_rows, block_d):
@@ -288,8 +320,8 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     kr, vr = (k, v) if rows else (k_cache, v_cache)
     c_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if paged else (0,) * 6
     r_strides = (*k.stride()[:2], *v.stride()[:2]) if rows else (0,) * 4
-    # a compiled tl.dot takes K >= 16: a head_dim under 16 (tiny vision towers) is padded, its columns masked
-    softcapped, block_d = bool(softcap and softcap > 0), max(16, triton.next_power_of_2(head_dim))
+    softcapped = bool(softcap and softcap > 0)
+    block_d, block_e = head_split(head_dim) if fmt == "auto" else (max(16, triton.next_power_of_2(head_dim)), 0)
     if softcapped:
         pre_scale, post_scale = scale / softcap, softcap * LOG2E
     else:
@@ -301,12 +333,13 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
         float(pre_scale), float(post_scale), int(window or 0), float(k_mul), float(v_mul),
         q.stride(0), q.stride(1), *r_strides, *c_strides, out.stride(0), out.stride(1),
         tables.stride(0) if tables.dim() == 2 else 0, *sz_strides,
-        GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        GROUP=q_heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_E=max(16, block_e),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, PAGE=k_cache.shape[1] if paged else 1, PAGED=paged,
         ROWS=rows, TMA=descs is not None, CAUSAL=bool(causal),
-        HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=softcapped, EVEN_D=block_d == head_dim,
+        HAS_WINDOW=bool(causal and window and window > 0), SOFTCAP=softcapped, EVEN_D=block_d + block_e == head_dim,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEADS_FIRST=heads_first,
-        QUANT=kv_quant.QUANT_CODES[fmt], num_warps=config.num_warps, num_stages=config.num_stages,
+        QUANT=kv_quant.QUANT_CODES[fmt], SPLIT=block_e > 0, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )  # fmt: skip
     return out
 

@@ -160,3 +160,35 @@ def test_varlen_pads_a_head_dim_under_16_for_the_dot(monkeypatch):
     ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), 8**-0.5, False)
     assert blocks == [16]
     assert_close(out, ref, torch.float16)
+
+
+def test_head_split_takes_two_power_of_two_blocks_where_they_sum_to_the_head():
+    assert [prefill.head_split(d) for d in (80, 96, 48, 64, 128, 8, 72, 112, 40)] == [
+        (64, 16), (64, 32), (32, 16), (64, 0), (128, 0), (16, 0), (128, 0), (128, 0), (64, 0),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [80, 96, 48], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_runs_a_split_head_unpadded(monkeypatch, head_dim, causal):
+    """Qwen2-VL's head_dim 80 runs as 64 + 16 columns (no padded tensor-core work) and matches the reference."""
+    blocks = []
+    launch = prefill.launch_compiled
+    monkeypatch.setattr(
+        prefill, "launch_compiled", lambda *a, **kw: blocks.append((kw["BLOCK_D"], kw["SPLIT"])) or launch(*a, **kw)
+    )
+    lens = [5, 33]
+    cu = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lens), 4, head_dim, device=DEV, dtype=torch.float16) for _ in range(3))
+    out = poisoned_like(q)
+    varlen.varlen_attention(q, k, v, cu, max(lens), head_dim**-0.5, causal, config=ROW_CONFIGS["rows"], out=out)
+    ref = reference.varlen_attention(q.double(), k.double(), v.double(), cu, max(lens), head_dim**-0.5, causal)
+    assert blocks == [(prefill.head_split(head_dim)[0], True)]
+    assert_close(out, ref, torch.float16)
+
+
+def test_paged_prefill_of_a_split_head_with_prefix_and_rows():
+    """head_dim 96 (64 + 32) through the pages and through the chunk's rows, GQA, fp16."""
+    for rows in (False, True):
+        out, ref = _run(2, 96, torch.float16, 16, config=ROW_CONFIGS["rows"], rows=rows)
+        assert_close(out, ref, torch.float16)
