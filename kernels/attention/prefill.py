@@ -295,6 +295,8 @@ def _tma_descriptors(q, k, v, config):
         return None
     if triton.next_power_of_2(q.shape[-1]) != q.shape[-1]:  # a padded head would read its neighbour's columns
         return None
+    if q.shape[-1] < 16:  # a box of fewer columns would reach tl.dot with K < 16, which a compiled dot refuses
+        return None
     descs = (
         _descriptor(q, config.block_m, q.shape[-1]),
         _descriptor(k, config.block_n, q.shape[-1]),

@@ -103,6 +103,8 @@ def test_tma_descriptors_only_where_they_can_run():
     assert prefill._tma_descriptors(rows.float(), rows.float(), rows.float(), tma) is None  # fp32: ieee pointer path
     padded = torch.zeros(40, 2, 80, dtype=torch.float16, device=DEV)
     assert prefill._tma_descriptors(padded, padded, padded, tma) is None  # would read the next head's columns
+    tiny = torch.zeros(40, 2, 8, dtype=torch.float16, device=DEV)
+    assert prefill._tma_descriptors(tiny, tiny, tiny, tma) is None  # 8 columns: tl.dot takes K >= 16 (tiny towers)
     strided = torch.zeros(40, 2, 72, dtype=torch.float16, device=DEV)[:, :, :64]
     assert prefill._tma_descriptors(strided, strided, strided, tma) is None  # heads not adjacent in a row
 
