@@ -29,7 +29,7 @@ from vlchat.kernels.launch import launch_compiled
 from vlchat.kernels.ops.quant_linear import finish_split_k, split_k_program, split_plan
 
 OP = "ops.fp8_linear"
-GEMV_ROWS = 64  # rows up to which the GPU implementation takes the GEMV
+GEMV_ROWS = 128  # rows up to which the GPU implementation takes the GEMV (it beat _scaled_mm at 128 on the H100)
 MAX_GEMV_ROWS = 128
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -110,12 +110,12 @@ class Fp8GemvConfig:
 
 # One table for sm_89 and sm_90 (the arches with FP8 tensor cores): the fastest tiles over a 7B layer's four
 # projections (benchmarks/fp8_gemv_tune.py; docs/PERF.md#fp8-w8a8). Up to 16 rows of x: 32 weight rows by 512 of K
-# a step, two stages, four programs per SM (fewer, longer K slices beat more programs: each slice's partial and
-# the reduction cost a round trip); up to 64 rows 64 x 256, three stages, two programs per SM. Past 64 (the
-# benchmark's rows only) wider tiles and eight warps.
-FP8_GEMV = Fp8GemvConfig(32, 512, 4, 2, 4)
-FP8_GEMV_MID = Fp8GemvConfig(64, 256, 4, 3, 2)
-FP8_GEMV_WIDE = Fp8GemvConfig(128, 128, 8, 3, 2)
+# a step in three stages, two programs per SM (fewer, longer K slices beat more programs: each slice's partial and
+# the reduction cost a round trip); up to 64 rows 64 x 256, one program per SM; up to 128 rows 64 x 128 in four
+# stages, one program per SM.
+FP8_GEMV = Fp8GemvConfig(32, 512, 4, 3, 2)
+FP8_GEMV_MID = Fp8GemvConfig(64, 256, 4, 3, 1)
+FP8_GEMV_WIDE = Fp8GemvConfig(64, 128, 4, 4, 1)
 
 
 def gemv_config(rows: int) -> Fp8GemvConfig:
