@@ -11,7 +11,7 @@ W[n, k] = (q[k, n] - zeros[g, n]) * scales[g, n] with g = g_idx[k] (or k // grou
 Two kernels, chosen by the number of rows M:
 - M <= GEMV_MAX_ROWS (decode): `_w4a16_gemv_kernel`, a split-k GEMV. Each program takes BLOCK_N output columns and
   one slice of K, sized so that the programs fill every SM (a decode step's time is the weight read). One or a few
-  rows multiply on the CUDA cores (no padding to tl.dot's 16 rows; without g_idx `_w4a16_gemv_cores_kernel`);
+  rows multiply on the CUDA cores (no padding to tl.dot's 16 rows);
   more take tl.dot with 16-row tiles (`dot_rows`). Without g_idx a K step lies in one group, so the codes enter the
   product as exact integers q - z and the group's scale multiplies the step's sums, once per column; tl.dot takes
   K permuted in both operands so that the codes are made, two per instruction, in its operand registers
@@ -226,28 +226,6 @@ def _unscale(BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _code_minus_zero(word, zero, magic, I: tl.constexpr):
-    # bits 4I..4I+3 of word (q), under 2^23's exponent: the float 2^23 + q 16^I (I <= 4, below the exponent).
-    # Times 16^-I plus zero = -(2^23 16^-I + z), in one rounding: q - z exactly. `magic` (0x4B000000) comes in a
-    # register, so mask and OR are one LOP3 (with two immediates the compiler keeps two).
-    bits = ((word & (0xF << (4 * I))) | magic).to(tl.float32, bitcast=True)
-    return tl.fma(bits, 1.0 / (1 << (4 * I)), zero - 8388608.0 / (1 << (4 * I)))
-
-
-@triton.jit
-def _split8(x):
-    # [..., 8] -> its 8 slices along the last axis, in order
-    even, odd = tl.split(tl.reshape(x, x.shape[:-1] + (4, 2)))  # [..., 4]: slices 0 2 4 6 and 1 3 5 7
-    e04, e26 = tl.split(tl.reshape(even, even.shape[:-1] + (2, 2)))
-    o15, o37 = tl.split(tl.reshape(odd, odd.shape[:-1] + (2, 2)))
-    x0, x4 = tl.split(e04)
-    x2, x6 = tl.split(e26)
-    x1, x5 = tl.split(o15)
-    x3, x7 = tl.split(o37)
-    return x0, x1, x2, x3, x4, x5, x6, x7
-
-
-@triton.jit
 def split_k_program(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # A split-k GEMV program (pid_n, pid_s) of a (column tiles, splits) grid: its ids, the slice count, its rows
     # and columns with their masks, and its K slice [k_begin, k_end).
@@ -304,8 +282,6 @@ def _w4a16_gemv_kernel(
 ):  # fmt: skip
     # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part: [splits, M, N] fp32;
     # count: [column tiles] int32, zero between calls. Program (pid_n, pid_s): BLOCK_N columns over K slice pid_s.
-    # The CUDA cores without g_idx take `_w4a16_gemv_cores_kernel`.
-    tl.static_assert(DOT or HAS_GIDX)
     pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
         M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     offs_w = tl.arange(0, BLOCK_K // 8)
@@ -353,68 +329,12 @@ def _w4a16_gemv_kernel(
             else:
                 xs = x.to(tl.float32) * _unscale(BLOCK_K)[None, :]  # [BM, BK]
                 codes = _scaled_codes(packed, _magic(zq, 0x4B000000) - 8388608.0, BLOCK_K, BLOCK_N)  # [BK, BN]
-                # x (11 significant bits at most) and q - z (5) are exact in tf32
-                part = tl.dot(xs, codes, input_precision="ieee" if MAGIC == 0x4B000000 else "tf32")
+                if DOT:  # x (11 significant bits at most) and q - z (5) are exact in tf32
+                    part = tl.dot(xs, codes, input_precision="ieee" if MAGIC == 0x4B000000 else "tf32")
+                else:
+                    part = tl.sum(xs[:, :, None] * codes[None, :, :], axis=1)  # [BM, BN]
             acc += part * s[None, :]
         packed = following
-    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
-                   HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _w4a16_gemv_cores_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-    M, N, K, stride_xm, stride_om, k_per_split,
-    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    # `_w4a16_gemv_kernel`'s product on the CUDA cores without g_idx, its arguments those less g_ptr. A step's
-    # BLOCK_K // 8 packed rows are a [1, A, 4, BN] tile: with BN = 128 and 4 warps a thread's 4 columns (one 16-byte
-    # load) and the warps' 4 rows take the default layout's lanes and warps, A rows repeat in each thread. Every other
-    # tensor is a broadcast of that shape, so the codes, their products and the scales meet without layout
-    # conversions, and each code costs one LOP3 (nibble | 2^23's exponent), one FFMA (q - z) and one FFMA
-    # (x (q - z) added on). acc keeps the warps' rows apart until the loop ends: one reduction across warps.
-    tl.static_assert(BLOCK_K % 32 == 0)
-    pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
-        M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
-    A: tl.constexpr = BLOCK_K // 32
-    rows = (4 * tl.arange(0, A)[:, None] + tl.arange(0, 4)[None, :])[None, :, :, None]  # [1, A, 4, 1] word rows
-    cols = offs_n[None, None, None, :]  # [1, 1, 1, BN]
-    col_mask = n_mask[None, None, None, :]
-    w_ptrs = qw_ptr + (k_begin // 8 + rows).to(tl.int64) * N + cols  # [1, A, 4, BN]
-    # the first codes before the wait (`_w4a16_gemv_kernel`)
-    packed = tl.load(w_ptrs, mask=(k_begin + 8 * rows < k_end) & col_mask, other=0)
-    launch_next_then_wait(PDL)
-    magic = tl.where(K > 0, 0x4B000000, 0)  # 2^23's exponent, a value the compiler cannot fold (K >= 8)
-    offs_x = 8 * rows + tl.arange(0, 8)[None, None, None, :]  # [1, A, 4, 8]: row r's 8 inputs
-    x_rows = x_ptr + offs_m[:, None, None, None] * stride_xm  # [BM, 1, 1, 1]
-    x_mask = m_mask[:, None, None, None]
-    sz_cols = cols + 0 * tl.arange(0, 4)[None, None, :, None]  # [1, 1, 4, BN]: scales and zeros per warp row
-    acc = tl.zeros((BLOCK_M, A, 4, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        # the next step's codes are in flight while this step's are multiplied
-        w_ptrs += (BLOCK_K // 8) * N
-        following = tl.load(w_ptrs, mask=(k0 + BLOCK_K + 8 * rows < k_end) & col_mask, other=0)
-        x = tl.load(x_rows + k0 + offs_x, mask=x_mask & (k0 + offs_x < k_end), other=0.0)  # [BM, A, 4, 8]
-        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(x.to(tl.float32))  # [BM, A, 4] each: input 8r + j
-        s = tl.load(s_ptr + (k0 // GROUP) * N + sz_cols, mask=col_mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            zq = tl.load(z_ptr + (k0 // GROUP) * N + sz_cols, mask=col_mask, other=0).to(tl.int32)
-        else:
-            zq = tl.full((1, 1, 4, BLOCK_N), 8, tl.int32)
-        zero = 8388608.0 - _magic(zq, 0x4B000000)  # -z
-        high = packed >> 12  # nibbles 4..7 at bits 4..19, where nibble I's float stays below the exponent
-        part = x0[:, :, :, None] * _code_minus_zero(packed, zero, magic, 0)  # [BM, A, 4, BN]
-        part = tl.fma(x1[:, :, :, None], _code_minus_zero(packed, zero, magic, 1), part)
-        part = tl.fma(x2[:, :, :, None], _code_minus_zero(packed, zero, magic, 2), part)
-        part = tl.fma(x3[:, :, :, None], _code_minus_zero(packed, zero, magic, 3), part)
-        part = tl.fma(x4[:, :, :, None], _code_minus_zero(high, zero, magic, 1), part)
-        part = tl.fma(x5[:, :, :, None], _code_minus_zero(high, zero, magic, 2), part)
-        part = tl.fma(x6[:, :, :, None], _code_minus_zero(high, zero, magic, 3), part)
-        part = tl.fma(x7[:, :, :, None], _code_minus_zero(high, zero, magic, 4), part)
-        acc = tl.fma(part, s, acc)  # one group per step: its scale times the step's sums
-        packed = following
-    acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BM, BN]
     finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
                    HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
@@ -569,12 +489,9 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
                  num_warps=cfg.num_warps, **pdl_options(pdl))  # fmt: skip
     grid = (plan.tiles, plan.splits)
-    if not cfg.dot and g_idx is None:
-        launch_compiled(_w4a16_gemv_cores_kernel, grid, *weight, *rest, **tiles)
-    else:
-        launch_compiled(_w4a16_gemv_kernel, grid, *weight, g_idx if g_idx is not None else qweight, *rest,
-                        HAS_GIDX=g_idx is not None, DOT=cfg.dot, MAGIC=MAGIC[x.dtype], TF32=cfg.tf32,
-                        ASM=inline_codes(device, x.dtype), **tiles)  # fmt: skip
+    launch_compiled(_w4a16_gemv_kernel, grid, *weight, g_idx if g_idx is not None else qweight, *rest,
+                    HAS_GIDX=g_idx is not None, DOT=cfg.dot, MAGIC=MAGIC[x.dtype], TF32=cfg.tf32,
+                    ASM=inline_codes(device, x.dtype), **tiles)  # fmt: skip
     return plan.out
 
 
