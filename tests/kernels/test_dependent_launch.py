@@ -18,6 +18,7 @@ from vlchat.kernels.attention import carveout, decode, decode_ws, gluon_sm90, kv
 from vlchat.kernels.attention.configs import TABLES
 from vlchat.kernels.attention.pdl import gdc_launch_dependents
 from vlchat.kernels.device import DeviceInfo, TritonMode, device_for
+from vlchat.kernels.ops.fp8_linear import FP8_GEMV
 
 SM90_GPU = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
 needs_pdl = pytest.mark.skipif(not SM90_GPU, reason="griddepcontrol needs an sm_90 (or newer) GPU")
@@ -95,11 +96,13 @@ def test_fp8_gemv_multiplies_on_tensor_cores_after_the_wait(sm90_ptx):
     """The FP8 GEMV (kernels/ops/fp8_linear.py) reads nothing before griddepcontrol.wait (its x is the quantizing
     kernel's output). Its 32-row weight tiles are below the warpgroup MMA's 64, so Triton multiplies the e4m3 values
     as fp16 (exact) on the warp-level MMA with fp32 sums. Its tiles arrive by 16-byte asynchronous copies,
-    pipelined: a stage is 8 copies of the 32 x 512 weight tile and 4 of x's 16 x 512, per thread, two stages."""
+    pipelined: a stage is 8 copies of the 32 x 512 weight tile and 4 of x's 16 x 512, per thread, in the table's
+    number of stages."""
     gemv = sm90_ptx["fp8_gemv"]
     assert gemv["before"] == [] and gemv["launches_dependents"] and gemv["launches"] == 1
     assert gemv["mma"] == ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
-    assert gemv["async_16_byte_copies"] == (8 + 4) * 2
+    assert (FP8_GEMV.block_n, FP8_GEMV.block_k) == (32, 512)
+    assert gemv["async_16_byte_copies"] == (8 + 4) * FP8_GEMV.num_stages
 
 
 @needs_pdl
