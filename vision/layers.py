@@ -71,15 +71,25 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual): a block's residual add and the norm after it, one kernel on a GPU for
-    LayerNorm and RMSNorm (kernels.ops), so the residual stream is read and written once."""
+def add_norm(
+    norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), or (norm(x), x) without a residual: a block's residual add and the norm
+    after it in one kernel on a GPU for LayerNorm and RMSNorm (kernels.ops), so the residual stream is read and
+    written once."""
     if isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None:
-        return layer_norm(x, norm.weight, norm.bias, norm.eps, residual)
-    if isinstance(norm, RMSNorm):
-        return rms_norm(x, norm.weight, norm.eps, residual)
-    residual = x + residual
-    return norm(residual), residual
+        out = layer_norm(x, norm.weight, norm.bias, norm.eps, residual)
+    elif isinstance(norm, RMSNorm):
+        out = rms_norm(x, norm.weight, norm.eps, residual)
+    else:
+        stream = x if residual is None else x + residual
+        return norm(stream), stream
+    return (out, x) if residual is None else out
+
+
+def block_output(x: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
+    """A block's output from the residual stream x and its MLP's output `pending` (None: already added)."""
+    return x if pending is None else x + pending
 
 
 class SwiGLU(nn.Module):

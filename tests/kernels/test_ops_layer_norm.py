@@ -63,6 +63,8 @@ def test_add_norm_is_the_add_then_the_norm(make):
     out, new_res = add_norm(norm, x, res)
     assert torch.equal(new_res, x + res)
     assert torch.equal(out, norm(x + res))
+    out, stream = add_norm(norm, x)  # no residual: the norm alone, the stream unchanged
+    assert stream is x and torch.equal(out, norm(x))
 
 
 def test_rejects_mismatched_shapes():

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from vlchat.llm.weights import WeightRule, load_tensors
-from vlchat.vision.layers import VisionAttention, add_norm, mlp, uniform_cu_seqlens
+from vlchat.vision.layers import VisionAttention, add_norm, block_output, mlp, uniform_cu_seqlens
 from vlchat.vision.weights import FUSED_RULES, drop_layers_rule
 
 _KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
@@ -66,9 +66,15 @@ class ClipEncoderLayer(nn.Module):
         self.layer_norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.eps)
         self.mlp = mlp(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        h, x = add_norm(self.layer_norm2, self.self_attn(self.layer_norm1(x), cu_seqlens, max_seqlen), x)
-        return x + self.mlp(h)
+    def forward(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on the residual stream x + pending (pending: the previous block's MLP output, not yet added, or
+        None); returns (stream, mlp_out), the block's output being their sum, which the next block's first norm
+        adds as it normalizes (`add_norm`)."""
+        h, x = add_norm(self.layer_norm1, x if pending is None else pending, None if pending is None else x)
+        h, x = add_norm(self.layer_norm2, self.self_attn(h, cu_seqlens, max_seqlen), x)
+        return x, self.mlp(h)
 
 
 class ClipEmbeddings(nn.Module):
@@ -121,9 +127,12 @@ class ClipVisionTower(nn.Module):
         cu_seqlens = uniform_cu_seqlens(n, seq, x.device)
         x = x.reshape(n * seq, d)  # [tokens, d]
         hidden = {0: x}
+        pending = None
         for i, layer in enumerate(self.encoder.layers):
-            x = layer(x, cu_seqlens, seq)
-            hidden[i + 1] = x
+            x, pending = layer(x, cu_seqlens, seq, pending)
+            if i + 1 in self.feature_layers:  # (the last layer is one)
+                x, pending = block_output(x, pending), None
+                hidden[i + 1] = x
         return [hidden[f].view(n, seq, d) for f in self.feature_layers]
 
     def weight_rules(self) -> list[WeightRule]:

@@ -19,7 +19,7 @@ from torch import nn
 
 from vlchat.llm.engine.transfer import tensor_to_device
 from vlchat.llm.weights import WeightRule, load_tensors
-from vlchat.vision.layers import RMSNorm, SwiGLU, VisionAttention, add_norm, mlp
+from vlchat.vision.layers import RMSNorm, SwiGLU, VisionAttention, add_norm, block_output, mlp
 from vlchat.vision.weights import FUSED_RULES, packed_rule
 
 from .qwen_windows import full_cu_seqlens, rotary_positions, window_index
@@ -110,9 +110,11 @@ class QwenViTBlock(nn.Module):
             self.mlp = SwiGLU(cfg.dim, cfg.intermediate_size, cfg.hidden_act, bias=True)
         self.attn = VisionAttention(cfg.dim, cfg.num_heads)
 
-    def forward(self, x, cu_seqlens, max_seqlen, rotary):
-        h, x = add_norm(self.norm2, self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary), x)
-        return x + self.mlp(h)
+    def forward(self, x, cu_seqlens, max_seqlen, rotary, pending=None):
+        """As ClipEncoderLayer.forward: the stream x + pending in, (stream, mlp_out) out."""
+        h, x = add_norm(self.norm1, x if pending is None else pending, None if pending is None else x)
+        h, x = add_norm(self.norm2, self.attn(h, cu_seqlens, max_seqlen, rotary), x)
+        return x, self.mlp(h)
 
 
 class PatchMerger(nn.Module):
@@ -177,12 +179,13 @@ class QwenVisionTransformer(nn.Module):
         if order is not None:
             unit = cfg.spatial_merge_size**2
             x = x.view(-1, unit, cfg.dim)[order].view(-1, cfg.dim)
+        pending = None
         for i, block in enumerate(self.blocks):
             if order is None or i in cfg.fullatt_block_indexes:
-                x = block(x, cu_full, max_full, (rows, table))
+                x, pending = block(x, cu_full, max_full, (rows, table), pending)
             else:
-                x = block(x, cu_win, max_win, (rows, table))
-        merged = self.merger(x)
+                x, pending = block(x, cu_win, max_win, (rows, table), pending)
+        merged = self.merger(block_output(x, pending))
         return merged if reverse is None else merged[reverse]
 
     def weight_rules(self) -> list[WeightRule]:
