@@ -72,7 +72,7 @@ class ClipEncoderLayer(nn.Module):
         """The block on the residual stream x + pending (pending: the previous block's MLP output, not yet added, or
         None); returns (stream, mlp_out), the block's output being their sum, which the next block's first norm
         adds as it normalizes (`add_norm`)."""
-        h, x = add_norm(self.layer_norm1, x if pending is None else pending, None if pending is None else x)
+        h, x = add_norm(self.layer_norm1, x, pending)
         h, x = add_norm(self.layer_norm2, self.self_attn(h, cu_seqlens, max_seqlen), x)
         return x, self.mlp(h)
 

@@ -112,7 +112,7 @@ class QwenViTBlock(nn.Module):
 
     def forward(self, x, cu_seqlens, max_seqlen, rotary, pending=None):
         """As ClipEncoderLayer.forward: the stream x + pending in, (stream, mlp_out) out."""
-        h, x = add_norm(self.norm1, x if pending is None else pending, None if pending is None else x)
+        h, x = add_norm(self.norm1, x, pending)
         h, x = add_norm(self.norm2, self.attn(h, cu_seqlens, max_seqlen, rotary), x)
         return x, self.mlp(h)
 
