@@ -72,24 +72,28 @@ class RMSNorm(nn.Module):
 
 
 def add_norm(
-    norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None
+    norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None, x_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual), or (norm(x), x) without a residual: a block's residual add and the norm
-    after it in one kernel on a GPU for LayerNorm and RMSNorm (kernels.ops), so the residual stream is read and
-    written once."""
+    """(norm(x + residual), x + residual), or (norm(x), x) without a residual; with `x_scale` ([hidden], a layer
+    scale) x_scale * x in place of x. A block's residual add and the norm after it in one kernel on a GPU for
+    LayerNorm and RMSNorm (kernels.ops), so the residual stream is read and written once."""
     if isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None:
-        out = layer_norm(x, norm.weight, norm.bias, norm.eps, residual)
+        out = layer_norm(x, norm.weight, norm.bias, norm.eps, residual, x_scale)
     elif isinstance(norm, RMSNorm):
-        out = rms_norm(x, norm.weight, norm.eps, residual)
+        out = rms_norm(x, norm.weight, norm.eps, residual, x_scale=x_scale)
     else:
-        stream = x if residual is None else x + residual
+        stream = x if x_scale is None else x_scale * x
+        stream = stream if residual is None else stream + residual
         return norm(stream), stream
     return (out, x) if residual is None else out
 
 
-def block_output(x: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
-    """A block's output from the residual stream x and its MLP's output `pending` (None: already added)."""
-    return x if pending is None else x + pending
+def block_output(x: torch.Tensor, pending: torch.Tensor | None, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """A block's output from the residual stream x and its MLP's output `pending` (None: already added), times
+    `scale` where the block has a layer scale."""
+    if pending is None:
+        return x
+    return x + (pending if scale is None else scale * pending)
 
 
 class SwiGLU(nn.Module):

@@ -2,8 +2,9 @@
 
 `rms_norm(x, weight, eps)` normalises each row; with `residual` it first forms
 `new_residual = x + residual` (rounded to the input dtype, as the decoder's
-residual stream is) and normalises that. `weight_offset=1.0` gives Gemma's
-`(1 + weight)` norm.
+residual stream is) and normalises that; `x_scale` ([hidden], with a residual)
+makes it `x_scale * x + residual`, each op rounded as torch rounds it (InternViT's
+layer scale). `weight_offset=1.0` gives Gemma's `(1 + weight)` norm.
 
 The reference follows transformers' rounding: Llama-style norms multiply the
 weight after casting the normalised row back to the input dtype; Gemma-style
@@ -26,8 +27,10 @@ OP = "ops.rms_norm"
 MAX_HIDDEN = 65536  # one program holds a whole row
 
 
-def rms_norm_reference(x, weight, eps, residual=None, weight_offset=0.0):
-    # x, residual: [tokens, hidden]; weight: [hidden]
+def rms_norm_reference(x, weight, eps, residual=None, weight_offset=0.0, x_scale=None):
+    # x, residual: [tokens, hidden]; weight, x_scale: [hidden]
+    if x_scale is not None:
+        x = x_scale * x
     if residual is not None:
         x = x + residual
         new_residual = x
@@ -42,16 +45,18 @@ def rms_norm_reference(x, weight, eps, residual=None, weight_offset=0.0):
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
+    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, xs_ptr,
     stride_x, stride_res, stride_out, stride_new_res,
     hidden, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, X_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     launch_next_then_wait(PDL)  # a GEMV after it starts reading its weights; x is the previous kernel's output
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if X_SCALE:  # rounded to the input dtype, as torch's product is
+        x = (x.to(tl.float32) * tl.load(xs_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         # the sum rounded to the input dtype, like the decoder's residual stream (and torch's add)
@@ -68,7 +73,7 @@ def num_warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
-def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
+def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0, x_scale=None):
     # x, residual: [tokens, hidden]; weight: [hidden]
     tokens, hidden = x.shape
     if hidden > MAX_HIDDEN:
@@ -84,10 +89,11 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
     pdl = dependent_launch(device_for(x))
     if tokens > 0:
         launch_compiled(_rms_norm_kernel, (tokens,),
-            x, res, weight.contiguous(), out, new_res,
+            x, res, weight.contiguous(), out, new_res, weight if x_scale is None else x_scale.contiguous(),
             x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
             hidden, float(eps), float(weight_offset),
-            HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=num_warps(block), **pdl_options(pdl),
+            HAS_RESIDUAL=residual is not None, X_SCALE=x_scale is not None, BLOCK=block, PDL=pdl,
+            num_warps=num_warps(block), **pdl_options(pdl),
         )  # fmt: skip
     return out if residual is None else (out, new_res)
 
@@ -95,7 +101,7 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0):
 dispatch.register(OP, rms_norm_reference, rms_norm_triton)
 
 
-def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
+def rms_norm(x, weight, eps, residual=None, weight_offset=0.0, x_scale=None):
     """Normalise each row of x ([tokens, hidden]); with `residual`, return (out, x + residual).
 
     Args:
@@ -104,6 +110,7 @@ def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
         eps: added to the mean square.
         residual: optional [tokens, hidden] residual added to x before the norm.
         weight_offset: 1.0 for Gemma's (1 + weight) scale.
+        x_scale: optional [hidden] factor of x before the residual add (a residual is required).
     Returns:
         out, or (out, new_residual) when `residual` is given.
     """
@@ -113,5 +120,11 @@ def rms_norm(x, weight, eps, residual=None, weight_offset=0.0):
         )
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+    check_x_scale(x_scale, x, residual)
     impl = dispatch.get_impl(OP, x.dtype, device_for(x))
-    return impl(x, weight, eps, residual, weight_offset)
+    return impl(x, weight, eps, residual, weight_offset, x_scale)
+
+
+def check_x_scale(x_scale, x, residual) -> None:
+    if x_scale is not None and (residual is None or x_scale.shape != (x.shape[-1],)):
+        raise ValueError(f"x_scale must be [hidden] ({x.shape[-1]}) and come with a residual")

@@ -115,7 +115,7 @@ def main() -> None:
             compile_ptx(_gemv_kernel, dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=1024, PDL=True),
                         divisible=("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_wn"))
         ),
-        "rms_norm": before_wait(compile_ptx(_rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=2048, PDL=True))),
+        "rms_norm": before_wait(compile_ptx(_rms_norm_kernel, dict(HAS_RESIDUAL=True, X_SCALE=False, BLOCK=2048, PDL=True))),
         "rotary": before_wait(
             compile_ptx(_rotary_kernel, dict(HEAD_DIM=64, ROT=64, IS_NEOX=True, BLOCK_H=32, BLOCK_D=64, PDL=True))
         ),

@@ -73,3 +73,35 @@ def test_rejects_mismatched_shapes():
         layer_norm(x, torch.ones(8), torch.zeros(7), 1e-5)
     with pytest.raises(ValueError, match="residual shape"):
         layer_norm(x, torch.ones(8), torch.zeros(8), 1e-5, torch.randn(2, 9))
+
+
+@pytest.mark.parametrize("dtype", list(TOLS), ids=str)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_layer_scaled_residual_add_matches_reference(dtype, kind):
+    """x_scale * x + residual (InternViT's layer scale), each op rounded as torch's, then the norm."""
+    from vlchat.kernels.ops.rms_norm import OP as RMS_OP
+    from vlchat.kernels.ops.rms_norm import rms_norm_reference
+
+    x, res = (torch.randn(5, 100, device=DEV).to(dtype) for _ in range(2))
+    scale = (torch.rand(100, device=DEV) * 0.2).to(dtype)
+    w, b = (torch.rand(100, device=DEV) + 0.5).to(dtype), torch.randn(100, device=DEV).to(dtype)
+    if kind == "layer_norm":
+        got = dispatch.get_impl(OP, dtype, backend="triton")(x, w, b, 1e-5, res, scale)
+        want = layer_norm_reference(x, w, b, 1e-5, res, scale)
+    else:
+        got = dispatch.get_impl(RMS_OP, dtype, backend="triton")(x, w, 1e-5, res, 0.0, scale)
+        want = rms_norm_reference(x, w, 1e-5, res, 0.0, scale)
+    torch.testing.assert_close(want[1], scale * x + res)
+    # two roundings to the dtype (product, sum): the interpreter's bf16 rounding may differ by an ulp in each
+    torch.testing.assert_close(got[1].float(), want[1].float(), rtol=TOLS[dtype], atol=TOLS[dtype])
+    torch.testing.assert_close(got[0].float(), want[0].float(), rtol=TOLS[dtype], atol=TOLS[dtype])
+
+
+def test_add_norm_with_a_layer_scale_is_the_scaled_add_then_the_norm():
+    norm = nn.LayerNorm(48, eps=1e-6).to(torch.bfloat16)
+    x, res = torch.randn(5, 48, dtype=torch.bfloat16), torch.randn(5, 48, dtype=torch.bfloat16)
+    scale = torch.rand(48, dtype=torch.bfloat16)
+    out, stream = add_norm(norm, x, res, scale)
+    assert torch.equal(stream, res + scale * x) and torch.equal(out, norm(res + scale * x))
+    with pytest.raises(ValueError, match="x_scale"):
+        layer_norm(x, norm.weight, norm.bias, 1e-6, None, scale)  # a scale without a residual

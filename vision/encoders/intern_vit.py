@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from vlchat.llm.weights import WeightRule, load_tensors
-from vlchat.vision.layers import RMSNorm, VisionAttention, mlp, uniform_cu_seqlens
+from vlchat.vision.layers import RMSNorm, VisionAttention, add_norm, block_output, mlp, uniform_cu_seqlens
 from vlchat.vision.weights import FUSED_RULES, drop_layers_rule
 
 
@@ -71,9 +71,16 @@ class InternViTLayer(nn.Module):
         self.lambda_1 = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lambda_2 = nn.Parameter(torch.ones(cfg.hidden_size))
 
-    def forward(self, x, cu_seqlens, max_seqlen):
-        x = x + self.lambda_1 * self.attention(self.layernorm_before(x), cu_seqlens, max_seqlen)
-        return x + self.lambda_2 * self.mlp(self.layernorm_after(x))
+    def forward(self, x, cu_seqlens, max_seqlen, pending=None):
+        """As ClipEncoderLayer.forward, with layer scales: the stream x + lambda * out for pending = (out, lambda) of
+        the previous layer (or None) in; (stream, (mlp_out, lambda_2)) out."""
+        if pending is None:
+            h, x = add_norm(self.layernorm_before, x)
+        else:
+            out, scale = pending
+            h, x = add_norm(self.layernorm_before, out, x, scale)
+        h, x = add_norm(self.layernorm_after, self.attention(h, cu_seqlens, max_seqlen), x, self.lambda_1)
+        return x, (self.mlp(h), self.lambda_2)
 
 
 class InternViT(nn.Module):
@@ -103,8 +110,11 @@ class InternViT(nn.Module):
         seq, d = x.shape[1], x.shape[2]
         cu_seqlens = uniform_cu_seqlens(n, seq, x.device)
         x = x.reshape(n * seq, d)
+        pending = None
         for layer in self.encoder.layer:
-            x = layer(x, cu_seqlens, seq)
+            x, pending = layer(x, cu_seqlens, seq, pending)
+        if pending is not None:
+            x = block_output(x, *pending)
         if self.layernorm is not None:
             x = self.layernorm(x)
         return x.view(n, seq, d)
