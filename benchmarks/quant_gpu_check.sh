@@ -8,9 +8,12 @@
 # 3. quant_linear (W4A16/FP8 projections), gguf_linear (GGUF projections);
 # 4. serving_fp16, then fp8_gemv_tune (the FP8 GEMV's tiles against torch._scaled_mm at 1-128 rows) followed in
 #    its process by the --quantization fp8 serving run with its picked tiles (Llama-2-7B shape, sharegpt-like-v1,
-#    1,000 prompts, concurrency 128).
+#    1,000 prompts, concurrency 128);
+# 5. serving_fp8 (--quantization fp8, the committed tiles), serving_fp8kv (--kv-cache-dtype fp8, #49) and
+#    serving_fp8_fp8kv (both): with serving_fp16 in the same call, the ratios the issues ask for.
 # Each step has its own time limit; all of them can outrun one 10-minute device call (on an H100 2026-12-06
-# steps 1-2 took 4 minutes), so STEPS="quant_decode serving_fp16 fp8_gemv_tune" runs only those named. A step that
+# steps 1-2 took 4 minutes; a serving step about a minute), so STEPS="quant_decode serving_fp16 serving_fp8kv" runs
+# only those named. A step that
 # fails or runs out of time is recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files:
 # summary.md and quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
 set -uo pipefail
@@ -52,17 +55,24 @@ want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "
 want quant_linear && step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
 want gguf_linear && step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
 SERVE=(--shape llama2-7b --dtype float16 --num-prompts 1000 --concurrency 128)
-want serving_fp16 && step serving_fp16 60 $PY -m benchmarks.serving "${SERVE[@]}" --out "$RUN/results/serving_fp16_llama2-7b"
+want serving_fp16 && step serving_fp16 90 $PY -m benchmarks.serving "${SERVE[@]}" --out "$RUN/results/serving_fp16_llama2-7b"
 # the tiles' sweep, then the fp8 serving run with its picks put into the process (the committed table when the
 # picks equal it)
 want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results" \
   --serve "${SERVE[@]}" --quantization fp8 --out "$RUN/results/serving_fp8_llama2-7b"
+want serving_fp8 && step serving_fp8 90 $PY -m benchmarks.serving "${SERVE[@]}" --quantization fp8 \
+  --out "$RUN/results/serving_fp8w_llama2-7b"
+want serving_fp8kv && step serving_fp8kv 90 $PY -m benchmarks.serving "${SERVE[@]}" --kv-cache-dtype fp8 \
+  --out "$RUN/results/serving_fp8kv_llama2-7b"
+want serving_fp8_fp8kv && step serving_fp8_fp8kv 90 $PY -m benchmarks.serving "${SERVE[@]}" --quantization fp8 \
+  --kv-cache-dtype fp8 --out "$RUN/results/serving_fp8w_fp8kv_llama2-7b"
 
 {
   echo
   echo "| step | status | s |"
   echo "|---|---|---|"
-  for s in tests quant_decode quant_linear gguf_linear serving_fp16 fp8_gemv_tune; do
+  for s in tests quant_decode quant_linear gguf_linear serving_fp16 fp8_gemv_tune serving_fp8 serving_fp8kv \
+    serving_fp8_fp8kv; do
     echo "| $s | ${STATUS[$s]:-not run} | ${TIME[$s]:--} |"
   done
   echo
@@ -72,6 +82,9 @@ want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --o
   grep -h "^Picks" "$RUN"/results/fp8_gemv_tune_*.md 2>/dev/null
   grep -h -i -m1 "req/s" "$RUN/serving_fp16.log" 2>/dev/null | sed "s/^/serving fp16: /"
   grep -h -i -m1 "req/s" "$RUN/fp8_gemv_tune.log" 2>/dev/null | sed "s/^/serving fp8 (picked tiles): /"
+  for s in serving_fp8 serving_fp8kv serving_fp8_fp8kv; do
+    grep -h -i -m1 "req/s" "$RUN/$s.log" 2>/dev/null | sed "s/^/$s: /"
+  done
   echo "total: $(($(date +%s) - START)) s; logs and results: $OUT/quant_gpu_results.tar.gz"
 } >"$RUN/summary.md"
 tar czf "$OUT/quant_gpu_results.tar.gz" -C "$RUN" .
