@@ -68,11 +68,12 @@ KERNEL_KINDS = (  # (kind, substrings of a kernel's lowercased name), first matc
     ("gemm", ("gemm", "xmma", "nvjet", "cutlass", "cublas", "wgmma")),
     ("attention", ("attn", "attention", "prefill", "flash")),
     ("norm", ("norm",)),
+    ("activation", ("gelu", "silu", "act_and_mul")),
 )
 
 
 def kernel_breakdown(fn) -> dict:
-    """GPU kernel time of one call of `fn` by kind (GEMM, attention, norm, other elementwise), from torch.profiler;
+    """GPU kernel time of one call of `fn` by kind (GEMM, attention, norm, activation, other), from torch.profiler;
     with the five longest kernels, so a tower's time can be placed against its FLOPs."""
     from torch.profiler import ProfilerActivity, profile
 
