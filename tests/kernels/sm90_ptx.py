@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -28,6 +32,16 @@ FLOATS = ("scale", "softcap", "qk_scale", "eps", "weight_offset", "v_mul", "k_sc
 PTR_TYPES = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "slots_ptr": "*i64",
              "pos_ptr": "*i64", "cache_ptr": "*fp32", "counters_ptr": "*i32"}  # fmt: skip
 MEMORY_OP = re.compile(r"(ld\.global|st\.global|cp\.async\.bulk\.tensor\.\dd|cp\.async)")  # TMA: with its rank
+
+
+def compiled_run(module: str) -> str:
+    """stdout of `python -m module` run in a process of its own without TRITON_INTERPRET (compiled kernels, no GPU
+    needed), from the repository root so that `tests` is importable; fails the calling test on a non-zero exit."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
 
 
 def compile_ptx(fn, constexprs, descriptors=None, divisible=(), pointer_types=None, arch=90, **options) -> str:
@@ -115,7 +129,9 @@ def main() -> None:
             compile_ptx(_gemv_kernel, dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=1024, PDL=True),
                         divisible=("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_wn"))
         ),
-        "rms_norm": before_wait(compile_ptx(_rms_norm_kernel, dict(HAS_RESIDUAL=True, X_SCALE=False, BLOCK=2048, PDL=True))),
+        "rms_norm": before_wait(
+            compile_ptx(_rms_norm_kernel, dict(HAS_RESIDUAL=True, X_SCALE=False, BLOCK=2048, PDL=True))
+        ),
         "rotary": before_wait(
             compile_ptx(_rotary_kernel, dict(HEAD_DIM=64, ROT=64, IS_NEOX=True, BLOCK_H=32, BLOCK_D=64, PDL=True))
         ),

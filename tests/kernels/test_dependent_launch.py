@@ -2,11 +2,7 @@
 still reads what the kernels before it wrote (the KV write's new rows, the split partials for the reduce)."""
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +10,7 @@ import triton
 import triton.language as tl
 
 from tests.kernels.attention_helpers import ARCHS, DEV, ON_GPU, assert_close, make_paged, needs_sm90, sim_device
+from tests.kernels.sm90_ptx import compiled_run
 from vlchat.kernels.attention import carveout, decode, decode_ws, gluon_sm90, kv_write, pdl, reference
 from vlchat.kernels.attention.configs import TABLES
 from vlchat.kernels.attention.pdl import gdc_launch_dependents
@@ -39,17 +36,7 @@ def test_only_compiled_kernels_on_sm90_and_newer_launch_dependent(monkeypatch):
 def sm90_ptx():
     """What the kernels compiled for sm_90 with dependent launch do before griddepcontrol.wait (tests/kernels/
     sm90_ptx.py, run in a process of its own: compiled, not interpreted, and no GPU needed)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.sm90_ptx"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).resolve().parents[2],  # the repository root: `tests` is importable from there
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.splitlines()[-1])
+    return json.loads(compiled_run("tests.kernels.sm90_ptx").splitlines()[-1])
 
 
 def test_decode_kernels_wait_for_the_previous_kernel_before_reading_its_output(sm90_ptx):

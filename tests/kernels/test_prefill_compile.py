@@ -7,22 +7,15 @@ of dots (K of 16 columns, an output of 16) lowers. The compiles run in a process
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
+
+from tests.kernels.sm90_ptx import compiled_run
 
 ARCHS = {"sm_70": 70, "sm_75": 75, "sm_90": 90}
 
 
 def test_the_split_head_prefill_compiles_for_old_and_new_arches():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.kernels.test_prefill_compile"], env=env, text=True,
-                         capture_output=True, timeout=300, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["sm_70-0", "sm_75-0", "sm_90-1"]
+    assert compiled_run("tests.kernels.test_prefill_compile").split() == ["sm_70-0", "sm_75-0", "sm_90-1"]
 
 
 def compile_all() -> None:

@@ -7,14 +7,10 @@ from those. The compiles run in a process of their own (compiled, not interprete
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 
 from tests.kernels.attention_helpers import sim_device
+from tests.kernels.sm90_ptx import compiled_run
 from vlchat.kernels.device import TritonMode
 from vlchat.kernels.ops.quant_linear import MAGIC, inline_codes
 
@@ -31,11 +27,7 @@ def test_inline_codes_only_where_compiled_kernels_have_the_instructions():
 
 
 def test_the_dot_gemv_compiles_for_old_and_new_arches():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.kernels.test_quant_linear_compile"], env=env, text=True,
-                         capture_output=True, timeout=300, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == [f"sm{a}{b}-{d}" for a, b in ARCHS for d in ("float16", "bfloat16")]
+    assert compiled_run("tests.kernels.test_quant_linear_compile").split() == [f"sm{a}{b}-{d}" for a, b in ARCHS for d in ("float16", "bfloat16")]
 
 
 def compile_all() -> None:
