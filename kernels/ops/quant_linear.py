@@ -484,16 +484,15 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
     block_m = max(16, triton.next_power_of_2(m)) if cfg.dot else triton.next_power_of_2(m)
     plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
-    weight = (x, qweight, scales, zeros if zeros is not None else qweight)
-    rest = (bias if bias is not None else scales, plan.out, plan.part, plan.counters, m, n, k, x.stride(0),
-            plan.out.stride(0), plan.k_per_split)  # fmt: skip
-    tiles = dict(GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
-                 num_warps=cfg.num_warps, **pdl_options(pdl))  # fmt: skip
-    grid = (plan.tiles, plan.splits)
-    launch_compiled(_w4a16_gemv_kernel, grid, *weight, g_idx if g_idx is not None else qweight, *rest,
-                    HAS_GIDX=g_idx is not None, DOT=cfg.dot, MAGIC=MAGIC[x.dtype], TF32=cfg.tf32,
-                    ASM=inline_codes(device, x.dtype), **tiles)  # fmt: skip
+    launch_compiled(_w4a16_gemv_kernel, (plan.tiles, plan.splits),
+        x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
+        bias if bias is not None else scales, plan.out, plan.part, plan.counters, m, n, k, x.stride(0),
+        plan.out.stride(0), plan.k_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, MAGIC=MAGIC[x.dtype],
+        SPLIT=plan.splits > 1, CHUNK=plan.chunk, TF32=cfg.tf32, PDL=pdl, ASM=inline_codes(device, x.dtype),
+        num_warps=cfg.num_warps, **pdl_options(pdl),
+    )  # fmt: skip
     return plan.out
 
 
