@@ -267,16 +267,16 @@ def _prefill_kernel(
         tl.store(out_ptr + o_rows[:, None] + offs_e[None, :], o2.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
 
 
-def head_split(head_dim: int) -> tuple[int, int]:
-    """(first, second) column blocks of a head, both powers of two (Triton's tiles): a head_dim that is one power of
-    two plus a smaller one of at least 16 runs as two blocks (80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16) rather
-    than padded to the next power of two, which would take 1.6x the tensor-core work at 80; any other as one
-    block padded to the next power of two, second 0 (a compiled tl.dot takes K >= 16, so a head_dim under 16 is
-    padded to 16 with its columns masked)."""
+def head_split(head_dim: int, split: bool = True) -> tuple[int, int]:
+    """(first, second) column blocks of a head, both powers of two (Triton's tiles): with `split`, a head_dim that
+    is one power of two plus a smaller one of at least 16 runs as two blocks (80 = 64 + 16, 96 = 64 + 32, 48 = 32 +
+    16) rather than padded to the next power of two, which would take 1.6x the tensor-core work at 80; any other
+    as one block padded to the next power of two, second 0 (a compiled tl.dot takes K >= 16, so a head_dim under
+    16 is padded to 16 with its columns masked)."""
     padded = max(16, triton.next_power_of_2(head_dim))
     first = padded // 2
     second = head_dim - first
-    if padded == head_dim or second < 16 or second & (second - 1):
+    if not split or padded == head_dim or second < 16 or second & (second - 1):
         return padded, 0
     return first, second
 
@@ -293,9 +293,9 @@ def _tma_descriptors(q, k, v, config):
     """Descriptors for q and the fresh k/v rows when the config asks for TMA and the tensors allow it."""
     if not config.tma or TensorDescriptor is None or k is None or q.dtype == torch.float32:
         return None
-    if triton.next_power_of_2(q.shape[-1]) != q.shape[-1]:  # a padded head would read its neighbour's columns
-        return None
-    if q.shape[-1] < 16:  # a box of fewer columns would reach tl.dot with K < 16, which a compiled dot refuses
+    # a box holds the head as one tile: a padded head would read its neighbour's columns (and one of fewer than 16
+    # columns would reach tl.dot with K < 16, which a compiled dot refuses), a split one takes two
+    if head_split(q.shape[-1]) != (q.shape[-1], 0):
         return None
     descs = (
         _descriptor(q, config.block_m, q.shape[-1]),
@@ -323,7 +323,8 @@ def launch(q, k, v, k_cache, v_cache, out, cu_q, kv_lens, tables, scale, max_seq
     c_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if paged else (0,) * 6
     r_strides = (*k.stride()[:2], *v.stride()[:2]) if rows else (0,) * 4
     softcapped = bool(softcap and softcap > 0)
-    block_d, block_e = head_split(head_dim) if fmt == "auto" else (max(16, triton.next_power_of_2(head_dim)), 0)
+    # quantized pages are dequantized over one block of columns (int4 packs two a byte): no split there
+    block_d, block_e = head_split(head_dim, split=fmt == "auto")
     if softcapped:
         pre_scale, post_scale = scale / softcap, softcap * LOG2E
     else:
