@@ -73,32 +73,25 @@ KERNEL_KINDS = (  # (kind, substrings of a kernel's lowercased name), first matc
 
 
 def kernel_breakdown(fn) -> dict:
-    """GPU kernel time of one call of `fn` by kind (GEMM, attention, norm, activation, other), from torch.profiler;
-    with the five longest kernels, so a tower's time can be placed against its FLOPs."""
+    """GPU kernel time of one call of `fn` by kind (GEMM, attention, norm, activation, other), from torch.profiler
+    (as benchmarks/step_profile.py reads it); with the five longest kernels, so a tower's time can be placed
+    against its FLOPs. A profiler failure is reported, not raised: the timings stand without it."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
-        return _kernel_breakdown(fn, profile, ProfilerActivity)
-    except Exception as e:  # the timings above stand without it
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def _kernel_breakdown(fn, profile, ProfilerActivity) -> dict:
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    kernels = {e.key[:80]: e.self_device_time_total / 1e3 for e in events if e.device_type.name == "CUDA"}
     kinds: dict[str, float] = {}
-    kernels: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        name = e.name.lower()
-        kind = next((k for k, keys in KERNEL_KINDS if any(key in name for key in keys)), "other")
-        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3
-        kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + us / 1e3
+    for name, ms in kernels.items():
+        kind = next((k for k, keys in KERNEL_KINDS if any(key in name.lower() for key in keys)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:5]
     return {"ms_by_kind": kinds, "top_kernels_ms": dict(top)}
 
