@@ -13,8 +13,7 @@
 #    serving_fp8_fp8kv (both): with serving_fp16 in the same call, the ratios the issues ask for.
 # Each step has its own time limit; all of them can outrun one 10-minute device call (on an H100 2026-12-06
 # steps 1-2 took 4 minutes; a serving step about a minute), so STEPS="quant_decode serving_fp16 serving_fp8kv" runs
-# only those named. A step that
-# fails or runs out of time is recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files:
+# only those named. A step that fails or runs out of time is recorded and the next one runs. $OUT (default ./quant_gpu_out) receives two files:
 # summary.md and quant_gpu_results.tar.gz (every log and result); the last thing printed is the summary.
 set -uo pipefail
 OUT=${OUT:-$PWD/quant_gpu_out}
@@ -55,17 +54,19 @@ want quant_decode && step quant_decode 95 $PY -m benchmarks.quant_decode --out "
 want quant_linear && step quant_linear 90 $PY -m benchmarks.quant_linear --out "$RUN/results"
 want gguf_linear && step gguf_linear 35 $PY -m benchmarks.gguf_linear --out "$RUN/results"
 SERVE=(--shape llama2-7b --dtype float16 --num-prompts 1000 --concurrency 128)
-want serving_fp16 && step serving_fp16 90 $PY -m benchmarks.serving "${SERVE[@]}" --out "$RUN/results/serving_fp16_llama2-7b"
+serve() {  # serve STEP RESULT ARGS...: the serving load with ARGS, results under $RUN/results/RESULT_llama2-7b.*
+  local name=$1 result=$2
+  shift 2
+  want "$name" && step "$name" 90 $PY -m benchmarks.serving "${SERVE[@]}" "$@" --out "$RUN/results/${result}_llama2-7b"
+}
+serve serving_fp16 serving_fp16
 # the tiles' sweep, then the fp8 serving run with its picks put into the process (the committed table when the
 # picks equal it)
 want fp8_gemv_tune && step fp8_gemv_tune 200 $PY -m benchmarks.fp8_gemv_tune --out "$RUN/results" \
   --serve "${SERVE[@]}" --quantization fp8 --out "$RUN/results/serving_fp8_llama2-7b"
-want serving_fp8 && step serving_fp8 90 $PY -m benchmarks.serving "${SERVE[@]}" --quantization fp8 \
-  --out "$RUN/results/serving_fp8w_llama2-7b"
-want serving_fp8kv && step serving_fp8kv 90 $PY -m benchmarks.serving "${SERVE[@]}" --kv-cache-dtype fp8 \
-  --out "$RUN/results/serving_fp8kv_llama2-7b"
-want serving_fp8_fp8kv && step serving_fp8_fp8kv 90 $PY -m benchmarks.serving "${SERVE[@]}" --quantization fp8 \
-  --kv-cache-dtype fp8 --out "$RUN/results/serving_fp8w_fp8kv_llama2-7b"
+serve serving_fp8 serving_fp8w --quantization fp8
+serve serving_fp8kv serving_fp8kv --kv-cache-dtype fp8
+serve serving_fp8_fp8kv serving_fp8w_fp8kv --quantization fp8 --kv-cache-dtype fp8
 
 {
   echo
