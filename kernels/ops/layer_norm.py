@@ -18,7 +18,7 @@ import triton.language as tl
 from vlchat.kernels import dispatch
 from vlchat.kernels.device import device_for
 from vlchat.kernels.launch import launch_compiled
-from vlchat.kernels.ops.rms_norm import MAX_HIDDEN, check_x_scale, num_warps
+from vlchat.kernels.ops.rms_norm import MAX_HIDDEN, check_x_scale, num_warps, residual_row
 
 OP = "ops.layer_norm"
 
@@ -42,13 +42,8 @@ def _layer_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if X_SCALE:  # rounded like torch's product
-        x = (x.to(tl.float32) * tl.load(xs_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's add
-        tl.store(new_res_ptr + row * stride_new_res + cols, x, mask=mask)
+    x = residual_row(x_ptr, res_ptr, xs_ptr, new_res_ptr, row, cols, mask, stride_x, stride_res, stride_new_res,
+                     HAS_RESIDUAL, X_SCALE)  # fmt: skip
     xf = x.to(tl.float32)
     mean = tl.sum(xf, axis=0) / hidden
     diff = tl.where(mask, xf - mean, 0.0)

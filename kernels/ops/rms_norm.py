@@ -44,6 +44,22 @@ def rms_norm_reference(x, weight, eps, residual=None, weight_offset=0.0, x_scale
 
 
 @triton.jit
+def residual_row(x_ptr, res_ptr, xs_ptr, new_res_ptr, row, cols, mask, stride_x, stride_res, stride_new_res,
+                 HAS_RESIDUAL: tl.constexpr, X_SCALE: tl.constexpr):  # fmt: skip
+    """Row `row` of x, times x_scale (X_SCALE) and plus the residual (HAS_RESIDUAL), each op rounded to the input
+    dtype as torch's product and add (and the decoder's residual stream) are; the sum is stored as the new
+    residual. The norm kernels' shared prologue."""
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if X_SCALE:
+        x = (x.to(tl.float32) * tl.load(xs_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(new_res_ptr + row * stride_new_res + cols, x, mask=mask)
+    return x
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, xs_ptr,
     stride_x, stride_res, stride_out, stride_new_res,
@@ -54,14 +70,8 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     launch_next_then_wait(PDL)  # a GEMV after it starts reading its weights; x is the previous kernel's output
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if X_SCALE:  # rounded to the input dtype, as torch's product is
-        x = (x.to(tl.float32) * tl.load(xs_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-        # the sum rounded to the input dtype, like the decoder's residual stream (and torch's add)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        tl.store(new_res_ptr + row * stride_new_res + cols, x, mask=mask)
+    x = residual_row(x_ptr, res_ptr, xs_ptr, new_res_ptr, row, cols, mask, stride_x, stride_res, stride_new_res,
+                     HAS_RESIDUAL, X_SCALE)  # fmt: skip
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
