@@ -1,7 +1,7 @@
 """Decode attention over fp16, fp8, int8 and int4 KV caches, from 128k keys down to a serving step's 512: time,
 the bytes each actually reads, and that against copy bandwidth.
 
-    python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N]
+    python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N] [--sweep]
 
 Rows (q heads, KV heads, batch, keys): Llama-3-8B's 32/8 at batch 1 and 4, MHA 32/32 at batch 1 and GQA 32/8 at
 batch 32 over 8k keys, and the serving load's decode step (Llama-2-7B's MHA at batch 128 and 256 over 512
@@ -15,6 +15,10 @@ Bytes read per call: the K and V codes of every key (2 bytes per element in fp16
 int4), int8's and int4's float32 scale and zero point per key and KV head, and the query and output rows.
 GB/s = bytes / time; "of copy" = GB/s against the device's copy bandwidth (gpu_timing.copy_bandwidth_gbs: bytes
 read + written by a 1 GiB device-to-device copy, per second). Writes kv_cache_dtype_<device>.json and .md under --out.
+
+--sweep instead times the Triton decode over fp8 and int8 caches with each config of SWEEP_GRID (keys per tile,
+warps, stages; the plan's split count) at SWEEP_ROWS, beside the fp16 plan's kernel, fastest first: the candidates
+for the arch table's quantized decode configs. Writes kv_cache_dtype_sweep_<device>.json and .md.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ HEAD_DIM, PAGE = 128, 16
 FORMATS = ("fp16", "fp16 triton", "fp8", "int8", "int4")
 L2_DEFEAT = 256 << 20  # KV bytes over all copies at least this much (several times any L2)
 ROUNDS = 5
+SWEEP_ROWS = [(32, 32, 128, 512), (32, 8, 1, 131072)]
+SWEEP_FORMATS = ("fp8", "int8")
 
 
 def bytes_read(fmt: str, q_heads: int, kv_heads: int, batch: int, keys: int, head_dim: int = HEAD_DIM) -> int:
@@ -66,13 +72,15 @@ def quantized_inputs(fmt: str, q_heads: int, kv_heads: int, batch: int, keys: in
     return q, k_cache, v_cache, k_scale, v_scale, tables, seq_lens
 
 
-def decode_calls(fmt: str, inputs, device):
+def decode_calls(fmt: str, inputs, device, config=None):
     """One decode call per block-table set, with the plan the engine would take for this format (fp16 triton:
-    the plan without the Gluon kernels), and (splits, config) of that plan."""
+    the plan without the Gluon kernels; `config` given: that config at the plan's split count), and (splits,
+    config) of the calls."""
     from vlchat.kernels.attention import decode, plan
 
     q, k_cache, v_cache, k_scale, v_scale, tables, seq_lens = inputs
-    splits, config = plan.decode_plan(q, k_cache, tables[0], device, gluon=fmt != "fp16 triton")
+    splits, planned = plan.decode_plan(q, k_cache, tables[0], device, gluon=fmt != "fp16 triton")
+    config = config or planned
     out = torch.empty_like(q)
     memo: dict = {}
     scale = q.shape[-1] ** -0.5
@@ -95,6 +103,65 @@ def decode_calls(fmt: str, inputs, device):
         for t in tables
     ]
     return calls, splits, config
+
+
+def sweep_grid():
+    from vlchat.kernels.attention.configs import DecodeConfig
+
+    return [DecodeConfig(n, w, st, 1) for n in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4, 6)]
+
+
+def sweep(device, rounds: int, rows=SWEEP_ROWS, formats=SWEEP_FORMATS, grid=None) -> list[dict]:
+    """Each format of `formats` at each row of `rows` with every config of `grid` (default sweep_grid()) at the
+    plan's split count, timed interleaved with the fp16 plan's kernel; a config that does not compile or fit
+    records its error. Rows fastest first within each (row, format)."""
+    from benchmarks.attention_report import config_name
+    from benchmarks.gpu_timing import interleaved_medians
+
+    out_rows = []
+    for shape in rows:
+        for fmt in formats:
+            inputs = quantized_inputs(fmt, *shape, "cuda")
+            base, splits, base_config = decode_calls(fmt, inputs, device)
+            calls, errors = {"plan": base}, {}
+            for config in grid or sweep_grid():
+                fns, _, _ = decode_calls(fmt, inputs, device, config)
+                try:
+                    fns[0]()
+                    calls[config_name(config, splits)] = fns
+                except Exception as e:  # noqa: BLE001 - a config that cannot compile or fit is a result
+                    errors[config_name(config, splits)] = f"{type(e).__name__}"
+            times = interleaved_medians(calls, rounds)
+            nbytes = bytes_read(fmt, *shape)
+            found = [{"shape": list(shape), "cache": fmt, "config": key if key != "plan" else
+                      f"plan {config_name(base_config, splits)}", "splits": splits, "us": us, "bytes": nbytes}
+                     for key, us in times.items()]  # fmt: skip
+            found.sort(key=lambda r: r["us"])
+            out_rows += found
+            out_rows += [{"shape": list(shape), "cache": fmt, "config": k, "error": e} for k, e in errors.items()]
+            del inputs, calls
+            torch.cuda.empty_cache()
+    return out_rows
+
+
+def sweep_markdown(res: dict) -> str:
+    from benchmarks.report import versions_line
+
+    lines = [f"# Quantized KV decode configs on {res['device']}", "",
+             f"{versions_line(res)}. Head_dim {HEAD_DIM}; median of {res['rounds']} interleaved CUDA-graph timings; "
+             f"copy bandwidth {res['copy_gbs']:.0f} GB/s. Fastest five per row and format.", "",
+             "| q/kv heads | batch | keys | cache | config | splits | us | of copy |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    shown: dict = {}
+    for r in res["sweep"]:
+        key = (tuple(r["shape"]), r["cache"])
+        shown[key] = shown.get(key, 0) + 1
+        if "us" in r and (shown[key] <= 5 or r["config"].startswith("plan")):
+            q_heads, kv_heads, batch, keys = r["shape"]
+            gbs = r["bytes"] / (r["us"] * 1e-6) / 1e9
+            lines.append(f"| {q_heads}/{kv_heads} | {batch} | {keys} | {r['cache']} | {r['config']} | {r['splits']} | "
+                         f"{r['us']:.1f} | {gbs / res['copy_gbs']:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def markdown(res: dict) -> str:
@@ -128,8 +195,15 @@ def main() -> None:
 
     ap = results_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--sweep", action="store_true", help="time the quantized decode over a grid of configs")
     args = ap.parse_args()
     device = get_device_info()
+    if args.sweep:
+        res = {**device_header(device), "rounds": args.rounds, "copy_gbs": copy_bandwidth_gbs()}
+        res["sweep"] = sweep(device, args.rounds)
+        save_results(result_stem(args.out, "kv_cache_dtype_sweep", device.name), res, sweep_markdown)
+        print(sweep_markdown(res), flush=True)
+        return
     res = {**device_header(device), "rounds": args.rounds, "copy_gbs": copy_bandwidth_gbs(), "rows": []}
     for shape in ROWS:
         calls, meta, inputs = {}, {}, {}
