@@ -131,6 +131,9 @@ class ArchTable:
     # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs; with a sliding window
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
+    # non-causal varlen attention (the vision towers: images of a few hundred to a few thousand tokens), keyed by the
+    # head dim bucket: the Triton kernel with this config where measured faster than the table's other kernels
+    vision_prefill: dict[int, PrefillConfig] = field(default_factory=dict)
     # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs: for grids of one wave of it,
     # and (decode_ws_waves) for larger grids (plan.decode_plan decides); only where measured
     decode_ws: dict[int, WsDecodeConfig] = field(default_factory=dict)
@@ -177,6 +180,11 @@ class ArchTable:
 
     def prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig:
         return _fit(self.prefill[_bucket(head_dim)], head_dim, dtype.itemsize, self.smem_kb)
+
+    def vision_prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig | None:
+        """The Triton config for non-causal varlen attention, or None (the prefill's kernels decide)."""
+        config = self.vision_prefill.get(_bucket(head_dim))
+        return None if config is None else _fit(config, head_dim, dtype.itemsize, self.smem_kb)
 
     def prefill_ws_config(
         self, head_dim: int, dtype: torch.dtype = torch.float16, window: bool = False
@@ -303,6 +311,9 @@ TABLES: dict[str, ArchTable] = {
         # Chosen by benchmarks/attention.py and attention_head_dim.py; see docs/PERF.md#prefill.
         prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2, early_k_release=True)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2, early_k_release=True)},
+        # the vision towers' non-causal attention at head_dim 64 (CLIP, 577-token images): the Triton kernel, 263
+        # TFLOP/s against the Gluon prefill's 222 at 32 images (benchmarks/vision_attention.py; docs/PERF.md#prefill)
+        vision_prefill={64: P(128, 64, 4, 3, True)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
         # below; plan.decode_plan says which config takes which grid): 64-key tiles at head_dim 128, 128-key tiles at
         # 64 (131 KB each). At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (K/V 128 KB, one CTA per SM)

@@ -6,7 +6,16 @@ everywhere."""
 import pytest
 import torch
 
-from tests.kernels.attention_helpers import DEV, SM90, assert_close, chunk_rows, make_paged, needs_sm90, poisoned_like
+from tests.kernels.attention_helpers import (
+    DEV,
+    SM90,
+    assert_close,
+    chunk_rows,
+    make_paged,
+    needs_sm90,
+    poisoned_like,
+    sim_device,
+)
 from vlchat.kernels.attention import prefill, prefill_ws, reference, varlen
 from vlchat.kernels.attention.configs import TABLES, PrefillConfig, WsPrefillConfig
 
@@ -53,6 +62,26 @@ def test_ws_plan_keeps_triton_outside_the_kernels_scope():
     strided_v = torch.zeros(4, 16, 2, 256, dtype=torch.float16, device=DEV)[..., :128]  # v pages not contiguous
     assert prefill.ws_plan(q, k, k, cache, strided_v, True, None, 0.0, None, None) is None
     assert (prefill.ws_plan(*args, True, None, 0.0, None, None) is not None) == SM90
+
+
+def test_non_causal_varlen_takes_the_tables_vision_config(monkeypatch):
+    """The vision towers' attention (non-causal varlen) runs the Triton kernel with the arch table's vision_prefill
+    config where it has one (sm_90 at head_dim 64: faster than the Gluon kernel on 577-token images); causal calls
+    and heads without one keep the prefill's own choice."""
+    launched = []
+    monkeypatch.setattr(varlen, "launch", lambda *a: launched.append(("triton", a[-1])) or a[5])
+    monkeypatch.setattr(varlen.prefill_ws, "launch", lambda *a: launched.append(("gluon", a[-1])) or a[5])
+    monkeypatch.setattr(varlen, "ws_plan", lambda *a: None if a[-1] is not None else WsPrefillConfig(128, 3))
+    sm90, sm80 = sim_device((9, 0)), sim_device((8, 0))
+    for head_dim in (64, 128):
+        q = torch.zeros(8, 2, head_dim, dtype=torch.bfloat16)
+        cu = torch.tensor([0, 8], dtype=torch.int32)
+        for device, causal in ((sm90, False), (sm90, True), (sm80, False)):
+            varlen.varlen_attention(q, q, q, cu, 8, 1.0, causal, device=device)
+    vision = TABLES["sm_90"].vision_prefill_config(64, torch.bfloat16)
+    assert vision is not None and TABLES["sm_80"].vision_prefill_config(64, torch.bfloat16) is None
+    gluon = ("gluon", WsPrefillConfig(128, 3))
+    assert launched == [("triton", vision), gluon, gluon, gluon, gluon, gluon]
 
 
 def _paged_case(page, group, head_dim, dtype, window=None, config=None):
