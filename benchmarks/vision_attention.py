@@ -1,6 +1,7 @@
 """The vision towers' attention on a GPU: non-causal varlen attention over images of one size, ours (the dispatch's
-kernel: the Gluon prefill where `prefill.ws_plan` takes the call, else the Triton kernel), the Triton kernel with
-the arch table's config, and torch SDPA on the same images as a [images, heads, tokens, head_dim] batch.
+kernel: the Triton kernel with the arch table's vision_prefill config where it has one, else the Gluon prefill
+where `prefill.ws_plan` takes the call, else the Triton kernel), the Triton kernel with the table's prefill config,
+and torch SDPA on the same images as a [images, heads, tokens, head_dim] batch.
 
     python -m benchmarks.vision_attention [--out DIR] [--sweep]
 
@@ -50,25 +51,33 @@ def time_ms(fn, rep: int = 200) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def bench(name, images, tokens, heads, head_dim, device, dtype) -> dict:
+def case(images, tokens, heads, head_dim, dtype):
+    """Random q, k, v of `images` images of `tokens` each, their cu_seqlens, the softmax scale, the attention's
+    FLOPs, SDPA's output (the reference, [tokens, heads, head_dim]) and SDPA's call on the batched views."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     total = images * tokens
     q, k, v = (torch.randn(total, heads, head_dim, device=dev, dtype=dtype) for _ in range(3))
     cu = (torch.arange(images + 1, device=dev, dtype=torch.int32) * tokens).contiguous()
     scale = head_dim**-0.5
     flops = 4 * images * heads * tokens * tokens * head_dim
-    out = torch.empty_like(q)
-    config = table_for(device).prefill_config(head_dim, dtype)
-    ws = prefill.ws_plan(q, k, v, None, None, False, None, 0.0, device, None)
     q4, k4, v4 = (t.view(images, tokens, heads, head_dim).transpose(1, 2) for t in (q, k, v))
     ref = F.scaled_dot_product_attention(q4, k4, v4, scale=scale).transpose(1, 2).reshape(total, heads, head_dim)
+    return q, k, v, cu, scale, flops, ref, lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
+
+
+def bench(name, images, tokens, heads, head_dim, device, dtype) -> dict:
+    q, k, v, cu, scale, flops, ref, sdpa = case(images, tokens, heads, head_dim, dtype)
+    out = torch.empty_like(q)
+    table = table_for(device)
+    config = table.prefill_config(head_dim, dtype)
+    ws = prefill.ws_plan(q, k, v, None, None, False, None, 0.0, device, table.vision_prefill_config(head_dim, dtype))
     row = {"shape": name, "images": images, "tokens": tokens, "heads": heads, "head_dim": head_dim,
            "kernel": "gluon-ws" if ws else "triton",
            "split_head": list(prefill.head_split(head_dim))}  # fmt: skip
     calls = {
         "ours": lambda: varlen.varlen_attention(q, k, v, cu, tokens, scale, out=out),
         "triton": lambda: varlen.varlen_attention(q, k, v, cu, tokens, scale, config=config, out=out),
-        "sdpa": lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale),
+        "sdpa": sdpa,
     }
     for key, call in calls.items():
         row[f"{key}_ms"] = time_ms(call)
@@ -83,14 +92,7 @@ def sweep(name, images, tokens, heads, head_dim, device, dtype, grid=TRITON_GRID
     """Every config of `grid` (Triton) and `ws_grid` (Gluon, where the arch table has a prefill_ws entry for this
     head_dim and the call is in its scope) on one shape: ms, TFLOP/s and error against SDPA, fastest first. A
     config that does not compile or fit records its error instead."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    total = images * tokens
-    q, k, v = (torch.randn(total, heads, head_dim, device=dev, dtype=dtype) for _ in range(3))
-    cu = (torch.arange(images + 1, device=dev, dtype=torch.int32) * tokens).contiguous()
-    scale = head_dim**-0.5
-    flops = 4 * images * heads * tokens * tokens * head_dim
-    q4, k4, v4 = (t.view(images, tokens, heads, head_dim).transpose(1, 2) for t in (q, k, v))
-    ref = F.scaled_dot_product_attention(q4, k4, v4, scale=scale).transpose(1, 2).reshape(total, heads, head_dim)
+    q, k, v, cu, scale, flops, ref, _ = case(images, tokens, heads, head_dim, dtype)
     out = torch.empty_like(q)
     calls = [("triton", c, lambda c=c: varlen.varlen_attention(q, k, v, cu, tokens, scale, config=c, out=out))
              for c in grid if not (c.tma and prefill.head_split(head_dim)[1])]  # fmt: skip (no TMA on a split head)
