@@ -10,7 +10,6 @@ kernel compute the statistics in fp32 and round once at the end.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
@@ -18,7 +17,7 @@ import triton.language as tl
 from vlchat.kernels import dispatch
 from vlchat.kernels.device import device_for
 from vlchat.kernels.launch import launch_compiled
-from vlchat.kernels.ops.rms_norm import MAX_HIDDEN, check_x_scale, num_warps, residual_row
+from vlchat.kernels.ops.rms_norm import MAX_HIDDEN, check_x_scale, num_warps, residual_row, row_buffers
 
 OP = "ops.layer_norm"
 
@@ -55,13 +54,7 @@ def _layer_norm_kernel(
 
 def layer_norm_triton(x, weight, bias, eps, residual=None, x_scale=None):
     tokens, hidden = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    res = x if residual is None else residual
-    if res.stride(-1) != 1:
-        res = res.contiguous()
-    out = torch.empty_like(x)
-    new_res = out if residual is None else torch.empty_like(x)
+    x, res, out, new_res = row_buffers(x, residual)
     block = triton.next_power_of_2(hidden)
     if tokens > 0:
         launch_compiled(_layer_norm_kernel, (tokens,),

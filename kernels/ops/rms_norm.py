@@ -78,6 +78,18 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def row_buffers(x, residual):
+    """(x, res, out, new_res) of a norm kernel's launch: x and the residual with unit column stride (x stands in for
+    a missing residual), the output, and the new residual's buffer (the output's without a residual: unused)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    res = x if residual is None else residual
+    if res.stride(-1) != 1:
+        res = res.contiguous()
+    out = torch.empty_like(x)
+    return x, res, out, out if residual is None else torch.empty_like(x)
+
+
 def num_warps(block: int) -> int:
     """Warps of a one-row-per-program norm kernel over a row of `block` columns."""
     return max(1, min(16, block // 256))
@@ -88,13 +100,7 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_offset=0.0, x_scale=No
     tokens, hidden = x.shape
     if hidden > MAX_HIDDEN:
         raise ValueError(f"rms_norm supports hidden sizes up to {MAX_HIDDEN}; got {hidden}")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty_like(x)
-    new_res = torch.empty_like(x) if residual is not None else out
-    res = residual if residual is not None else x
-    if res.stride(-1) != 1:
-        res = res.contiguous()
+    x, res, out, new_res = row_buffers(x, residual)
     block = triton.next_power_of_2(hidden)
     pdl = dependent_launch(device_for(x))
     if tokens > 0:
