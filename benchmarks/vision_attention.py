@@ -68,9 +68,8 @@ def case(images, tokens, heads, head_dim, dtype):
 def bench(name, images, tokens, heads, head_dim, device, dtype) -> dict:
     q, k, v, cu, scale, flops, ref, sdpa = case(images, tokens, heads, head_dim, dtype)
     out = torch.empty_like(q)
-    table = table_for(device)
-    config = table.prefill_config(head_dim, dtype)
-    ws = prefill.ws_plan(q, k, v, None, None, False, None, 0.0, device, table.vision_prefill_config(head_dim, dtype))
+    config = table_for(device).prefill_config(head_dim, dtype)
+    ws = varlen.plan(q, k, v, False, device)[1]
     row = {"shape": name, "images": images, "tokens": tokens, "heads": heads, "head_dim": head_dim,
            "kernel": "gluon-ws" if ws else "triton",
            "split_head": list(prefill.head_split(head_dim))}  # fmt: skip

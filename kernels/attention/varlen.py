@@ -16,6 +16,14 @@ from vlchat.kernels.attention.prefill import launch, prepare, ws_plan
 from vlchat.kernels.device import device_for
 
 
+def plan(q, k, v, causal, device=None, config: PrefillConfig | None = None):
+    """(Triton config or None, Gluon config or None) of a call: a config given stays; non-causal calls take the
+    table's vision_prefill config where it has one; else the Gluon kernel where `prefill.ws_plan` allows."""
+    if config is None and not causal:
+        config = table_for(device or device_for(q)).vision_prefill_config(q.shape[-1], q.dtype)
+    return config, ws_plan(q, k, v, None, None, causal, None, 0.0, device, config)
+
+
 def varlen_attention(
     q, k, v, cu_seqlens, max_seqlen, scale, causal=False, *, device=None, config: PrefillConfig | None = None, out=None
 ):
@@ -27,9 +35,7 @@ def varlen_attention(
         raise ValueError("q must be [tokens, heads, head_dim] and k, v [tokens, kv_heads, head_dim]")
     if cu_seqlens.dtype != torch.int32:
         raise TypeError("cu_seqlens must be int32")
-    if config is None and not causal:
-        config = table_for(device or device_for(q)).vision_prefill_config(q.shape[-1], q.dtype)
-    ws = ws_plan(q, k, v, None, None, causal, None, 0.0, device, config)
+    config, ws = plan(q, k, v, causal, device, config)
     config, out = prepare(q, k, v, device, config, out)
     if q.shape[0] == 0:
         return out
