@@ -13,6 +13,7 @@ from torch import nn
 
 from vlchat.kernels.attention import varlen_attention
 from vlchat.kernels.ops import apply_rotary, layer_norm, quick_gelu, rms_norm
+from vlchat.kernels.ops.linear_act import linear_act
 from vlchat.llm.layers.activation import get_act_and_mul
 from vlchat.llm.layers.linear import MergedLinear, QKVLinear
 
@@ -34,6 +35,11 @@ ACTIVATIONS = {
 }
 
 
+# each of ACTIVATIONS as the epilogue of kernels.ops.linear_act
+FUSED_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+              "silu": "silu", "relu": "relu"}  # fmt: skip
+
+
 def activation(name: str) -> type[nn.Module]:
     if name not in ACTIVATIONS:
         raise ValueError(f"vision activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
@@ -41,16 +47,18 @@ def activation(name: str) -> type[nn.Module]:
 
 
 class Mlp(nn.Module):
-    """fc1 -> act -> fc2 (the parameter names match the HF towers')."""
+    """fc1 -> act -> fc2 (the parameter names match the HF towers'); fc1 and its activation are one GEMM where
+    the arch has a measured config (kernels.ops.linear_act)."""
 
     def __init__(self, dim: int, hidden: int, act: str) -> None:
         super().__init__()
+        activation(act)  # refuses an unsupported name
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = activation(act)()
+        self.act = FUSED_ACTS[act]
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return self.fc2(linear_act(x, self.fc1.weight, self.fc1.bias, self.act))
 
 
 def mlp(dim: int, hidden: int, act: str) -> Mlp:
