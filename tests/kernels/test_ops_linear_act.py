@@ -94,3 +94,35 @@ def test_kernel_real_shapes(dtype, config):
     x, weight, bias = operands(4 * 577, 1024, 4096, dtype)
     got = la.linear_act_triton(x, weight, bias, "quick_gelu", config)
     torch.testing.assert_close(got.float(), exact(x, weight, bias, "quick_gelu"), rtol=TOLS[dtype], atol=TOLS[dtype])
+
+
+def test_the_kernel_compiles_to_tma_and_wgmma_for_sm90():
+    from tests.kernels.sm90_ptx import compiled_run
+
+    assert compiled_run("tests.kernels.test_ops_linear_act").split() == ["tma-wgmma-fits"] * 2
+
+
+def compile_sm90() -> None:
+    """PTX of the kernel for sm_90 (ptxas runs) at two tiles of benchmarks/linear_act.py's grid, bf16."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for c in (la.GemmConfig(128, 128, 64, 4, 8), la.GemmConfig(128, 256, 64, 3, 8)):
+        sig = {"x_desc": f"tensordesc<bf16[{c.block_m}, {c.block_k}]>",
+               "w_desc": f"tensordesc<bf16[{c.block_n}, {c.block_k}]>",
+               "out_desc": f"tensordesc<bf16[{c.block_m}, {c.block_n}]>", "bias_ptr": "*bf16", "M": "i32",
+               "N": "i32", "K": "i32"}  # fmt: skip
+        constexprs = dict(ACT="quick_gelu", HAS_BIAS=True, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                          GROUP_M=c.group_m, STAGES=c.stages)  # fmt: skip
+        sig.update(dict.fromkeys(constexprs, "constexpr"))
+        src = ASTSource(fn=la._linear_act_kernel, signature=sig, constexprs=constexprs)
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": c.warps})
+        ptx = kernel.asm["ptx"]
+        fits = kernel.metadata.shared <= 227 * 1024
+        print(f"{'tma' if 'cp.async.bulk.tensor' in ptx else 'no-tma'}-{'wgmma' if 'wgmma.mma_async' in ptx else 'mma'}"
+              f"-{'fits' if fits else 'too-big'}", flush=True)
+
+
+if __name__ == "__main__":
+    compile_sm90()
