@@ -30,8 +30,21 @@ EXAMPLES = {"positive": 60, "negative": 40, "accepted": 60}  # POST /v1/chat/com
 MODES = {"positive": GenerationMode.POSITIVE, "negative": GenerationMode.NEGATIVE, "accepted": GenerationMode.POSITIVE}
 
 
+def integral(value):
+    """JSON Schema counts 5.0 as an integer and the generator uses that; the server's fields take 5."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    return value
+
+
 def accepted(case):
     """A valid body nudged past the rules the schema cannot state, so that it reaches the engine."""
+    if isinstance(case.body, dict):
+        case.body = integral(case.body)
     body = case.body
     if case.path == "/v1/chat/completions" and isinstance(body, dict):
         body.pop("model", None)
@@ -54,7 +67,9 @@ def accepted(case):
                 body[name] = min(body[name], 8)
         body["n"] = min(body.get("n", 1), 2)
         if isinstance(body.get("stop"), list):
-            body["stop"] = body["stop"][:8]
+            body["stop"] = [stop for stop in body["stop"] if stop][:8]
+        if body.get("stop") in ("", []):
+            body.pop("stop")
     return case
 
 
