@@ -36,6 +36,12 @@ def pick_gemm(rows: list[dict]):
     return None
 
 
+def save(out: str, device, gemm_rows: list[dict], picked: dict) -> None:
+    print(json.dumps(picked, indent=1), flush=True)
+    with open(os.path.join(out, "vision_tune_picked.json"), "w") as f:
+        json.dump({"device": device.name, "gemm_rows": gemm_rows, "picked": picked}, f, indent=1)
+
+
 def main() -> None:
     from vlchat.kernels.attention.configs import _bucket, table_for
     from vlchat.kernels.device import get_device_info
@@ -51,6 +57,7 @@ def main() -> None:
         config = next(c for c in linear_act.GRID if linear_act.label(c) == picked["gemm"])
         la.GEMM_ACT[device.capability[0]] = config
         picked["gemm_config"] = repr(config)
+    save(args.out, device, gemm_rows, picked)  # each pick is kept as soon as it is made
     table = table_for(device)
     for shape in vision_attention.SWEEP_SHAPES:
         head_dim = shape[-1]
@@ -62,9 +69,7 @@ def main() -> None:
             config = next(c for c in vision_attention.TRITON_GRID if repr(c) == best["config"])
             table.vision_prefill[_bucket(head_dim)] = config
     picked["vision_prefill"] = {k: repr(v) for k, v in table.vision_prefill.items()}
-    print(json.dumps(picked, indent=1), flush=True)
-    with open(os.path.join(args.out, "vision_tune_picked.json"), "w") as f:
-        json.dump({"device": device.name, "gemm_rows": gemm_rows, "picked": picked}, f, indent=1)
+    save(args.out, device, gemm_rows, picked)
     sys.argv = [sys.argv[0], "--out", args.out]
     vision.main()
 
