@@ -4,7 +4,7 @@ attention's Triton config (benchmarks/vision_attention.py's Triton grid at the s
 into this process's table (kernels.ops.linear_act.GEMM_ACT, the arch table's vision_prefill) only where it beat
 what runs without it on every shape; then benchmarks/vision.py runs. Prints the entries to commit.
 
-    python -m benchmarks.vision_tune [--out DIR]
+    python -m benchmarks.vision_tune [--out DIR] [--gemm-only]
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def main() -> None:
     from vlchat.kernels.device import get_device_info
     from vlchat.kernels.ops import linear_act as la
 
-    args = results_parser(__doc__).parse_args()
+    parser = results_parser(__doc__)
+    parser.add_argument("--gemm-only", action="store_true", help="leave out the attention sweep (most of the run)")
+    args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     device = get_device_info()
     dtype = torch.bfloat16
@@ -59,7 +61,7 @@ def main() -> None:
         picked["gemm_config"] = repr(config)
     save(args.out, device, gemm_rows, picked)  # each pick is kept as soon as it is made
     table = table_for(device)
-    for shape in vision_attention.SWEEP_SHAPES:
+    for shape in [] if args.gemm_only else vision_attention.SWEEP_SHAPES:
         head_dim = shape[-1]
         now = vision_attention.bench(*shape, device, dtype)
         rows = vision_attention.sweep(*shape, device, dtype, ws_grid=[])
