@@ -311,9 +311,10 @@ TABLES: dict[str, ArchTable] = {
         # Chosen by benchmarks/attention.py and attention_head_dim.py; see docs/PERF.md#prefill.
         prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2, early_k_release=True)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2, early_k_release=True)},
-        # the vision towers' non-causal attention at head_dim 64 (CLIP, 577-token images): the Triton kernel, 263
-        # TFLOP/s against the Gluon prefill's 222 at 32 images (benchmarks/vision_attention.py; docs/PERF.md#prefill)
-        vision_prefill={64: P(128, 64, 4, 3, True)},
+        # the vision towers' non-causal attention: the Triton kernel, ahead of the Gluon prefill at head_dim 64 (CLIP,
+        # 577-token images) and of the prefill's config at Qwen2-VL's head_dim 80 (bucket 128, split heads), tiles
+        # picked at 32 / 8 images by benchmarks/vision_tune.py (docs/PERF.md#prefill)
+        vision_prefill={64: P(64, 64, 4, 3, True), 128: P(128, 64, 4, 3, False)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
         # below; plan.decode_plan says which config takes which grid): 64-key tiles at head_dim 128, 128-key tiles at
         # 64 (131 KB each). At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (K/V 128 KB, one CTA per SM)

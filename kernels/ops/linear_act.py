@@ -33,8 +33,10 @@ class GemmConfig(NamedTuple):
     group_m: int = 8  # row tiles walked together per column band (L2 reuse of the weight tiles)
 
 
-# per compute-capability major; an arch without an entry keeps cuBLAS and the activation kernel
-GEMM_ACT: dict[int, GemmConfig] = {}
+# per compute-capability major; an arch without an entry keeps cuBLAS and the activation kernel. sm_90: the fastest
+# of benchmarks/linear_act.py's grid at CLIP-L's and Qwen2-VL's fc1 shapes, ahead of cuBLAS + activation on both
+# (benchmarks/vision_tune.py; docs/PERF.md#vision-towers)
+GEMM_ACT: dict[int, GemmConfig] = {9: GemmConfig(128, 128, 64, stages=3, warps=4)}
 MIN_ROWS = 1024  # below a few row tiles the grid cannot fill the GPU; cuBLAS picks better tiles there
 
 
@@ -159,4 +161,3 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         y = F.linear(x, weight, bias)
         return quick_gelu(y) if act == "quick_gelu" else torch_act(y, act)
     return linear_act_triton(x2, weight, bias, act, config).reshape(*lead, weight.shape[0])
-
