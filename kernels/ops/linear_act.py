@@ -5,8 +5,8 @@ writes it again; here the bias and the activation are applied to the fp32 accumu
 and stored once. The tile loads and the store are TMA descriptors (16-byte-aligned rows), pipelined over K.
 
 Runs only where `GEMM_ACT` has a config for the arch (tiles measured against cuBLAS plus the separate activation
-kernel: benchmarks/linear_act.py); elsewhere, and for fewer than `MIN_ROWS` rows, `linear_act` is F.linear
-followed by the activation.
+kernel: benchmarks/linear_act.py); elsewhere, for fewer than `MIN_ROWS` rows and for K above `MAX_K`,
+`linear_act` is F.linear followed by the activation.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class GemmConfig(NamedTuple):
 # (benchmarks/vision_tune.py; docs/PERF.md#vision-towers)
 GEMM_ACT: dict[int, GemmConfig] = {9: GemmConfig(128, 128, 64, stages=3, warps=4)}
 MIN_ROWS = 1024  # below a few row tiles the grid cannot fill the GPU; cuBLAS picks better tiles there
+# the widest K the tiles were measured ahead at (CLIP's 1024, Qwen2-VL's 1280): the kernel runs below cuBLAS's rate,
+# so its loss grows with K while the activation pass it saves does not (InternViT-6B's 3200 would lose)
+MAX_K = 1280
 
 
 def torch_act(y: torch.Tensor, act: str) -> torch.Tensor:
@@ -140,7 +143,7 @@ def fused_config(x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
     if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
         return None
     info = device_for(x)
-    if not info.is_cuda or info.capability is None or x.shape[0] < MIN_ROWS:
+    if not info.is_cuda or info.capability is None or x.shape[0] < MIN_ROWS or x.shape[1] > MAX_K:
         return None
     if (x.shape[1] * x.element_size()) % 16 or (weight.shape[0] * x.element_size()) % 16:
         return None  # TMA rows must be 16-byte multiples

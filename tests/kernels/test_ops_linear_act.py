@@ -76,6 +76,8 @@ def test_fused_config_choice(monkeypatch):
     monkeypatch.setattr(la, "device_for", lambda t: sim_device((9, 0)))
     assert la.fused_config(x, w) == cfg
     assert la.fused_config(x[:-1], w) is None  # too few rows to fill the GPU
+    wide = torch.zeros(la.MIN_ROWS, la.MAX_K + 64, dtype=torch.bfloat16)
+    assert la.fused_config(wide, torch.zeros(128, la.MAX_K + 64, dtype=torch.bfloat16)) is None  # K past the measured
     assert la.fused_config(x.float(), w.float()) is None  # 16-bit operands only
     assert la.fused_config(torch.zeros(la.MIN_ROWS, 60, dtype=torch.bfloat16), torch.zeros(128, 60)) is None
     assert la.fused_config(x, torch.zeros(100, 64, dtype=torch.bfloat16)) is None  # output rows not 16-byte
