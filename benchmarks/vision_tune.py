@@ -43,7 +43,7 @@ def save(out: str, device, gemm_rows: list[dict], picked: dict) -> None:
 
 
 def main() -> None:
-    from vlchat.kernels.attention.configs import _bucket, table_for
+    from vlchat.kernels.attention.configs import table_for
     from vlchat.kernels.device import get_device_info
     from vlchat.kernels.ops import linear_act as la
 
@@ -69,7 +69,7 @@ def main() -> None:
         picked[f"attention {shape[0]}"] = {"now_ms": now["ours_ms"], "now_kernel": now["kernel"], **best}
         if "ms" in best and best["rel_err"] < 1e-2 and best["ms"] < now["ours_ms"]:
             config = next(c for c in vision_attention.TRITON_GRID if repr(c) == best["config"])
-            table.vision_prefill[_bucket(head_dim)] = config
+            table.vision_prefill[head_dim] = config
     picked["vision_prefill"] = {k: repr(v) for k, v in table.vision_prefill.items()}
     save(args.out, device, gemm_rows, picked)
     sys.argv = [sys.argv[0], "--out", args.out]

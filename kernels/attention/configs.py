@@ -132,7 +132,7 @@ class ArchTable:
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
     # non-causal varlen attention (the vision towers: images of a few hundred to a few thousand tokens), keyed by the
-    # head dim bucket: the Triton kernel with this config where measured faster than the table's other kernels
+    # exact head_dim it was measured at: the Triton kernel with this config, faster there than the table's others
     vision_prefill: dict[int, PrefillConfig] = field(default_factory=dict)
     # the warp-specialized decode (sm_90 only), keyed by the exact head_dim it runs: for grids of one wave of it,
     # and (decode_ws_waves) for larger grids (plan.decode_plan decides); only where measured
@@ -183,7 +183,7 @@ class ArchTable:
 
     def vision_prefill_config(self, head_dim: int, dtype: torch.dtype = torch.float16) -> PrefillConfig | None:
         """The Triton config for non-causal varlen attention, or None (the prefill's kernels decide)."""
-        config = self.vision_prefill.get(_bucket(head_dim))
+        config = self.vision_prefill.get(head_dim)
         return None if config is None else _fit(config, head_dim, dtype.itemsize, self.smem_kb)
 
     def prefill_ws_config(
@@ -312,9 +312,9 @@ TABLES: dict[str, ArchTable] = {
         prefill_ws={64: W(128, 3), 128: W(128, 3), 256: W(64, 2, early_k_release=True)},
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2, early_k_release=True)},
         # the vision towers' non-causal attention: the Triton kernel, ahead of the Gluon prefill at head_dim 64 (CLIP,
-        # 577-token images) and of the prefill's config at Qwen2-VL's head_dim 80 (bucket 128, split heads), tiles
-        # picked at 32 / 8 images by benchmarks/vision_tune.py (docs/PERF.md#prefill)
-        vision_prefill={64: P(64, 64, 4, 3, True), 128: P(128, 64, 4, 3, False)},
+        # 577-token images) and of the prefill's config at Qwen2-VL's head_dim 80 (split heads), tiles picked at 32 /
+        # 8 images by benchmarks/vision_tune.py (docs/PERF.md#prefill); other heads keep the prefill's kernels
+        vision_prefill={64: P(64, 64, 4, 3, True), 80: P(128, 64, 4, 3, False)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
         # below; plan.decode_plan says which config takes which grid): 64-key tiles at head_dim 128, 128-key tiles at
         # 64 (131 KB each). At head_dim 256 (Gemma 3) a 2-stage ring of 64-key tiles (K/V 128 KB, one CTA per SM)

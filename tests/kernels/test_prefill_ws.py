@@ -66,22 +66,23 @@ def test_ws_plan_keeps_triton_outside_the_kernels_scope():
 
 def test_non_causal_varlen_takes_the_tables_vision_config(monkeypatch):
     """The vision towers' attention (non-causal varlen) runs the Triton kernel with the arch table's vision_prefill
-    config where it has one (sm_90 at head_dim 64 and in the 128 bucket); causal calls and archs without one keep
-    the prefill's own choice."""
+    config where it has one (sm_90 at head_dim 64 and 80); causal calls, other heads and archs keep the prefill's
+    own choice."""
     launched = []
     monkeypatch.setattr(varlen, "launch", lambda *a: launched.append(("triton", a[-1])) or a[5])
     monkeypatch.setattr(varlen.prefill_ws, "launch", lambda *a: launched.append(("gluon", a[-1])) or a[5])
     monkeypatch.setattr(varlen, "ws_plan", lambda *a: None if a[-1] is not None else WsPrefillConfig(128, 3))
     sm90, sm80 = sim_device((9, 0)), sim_device((8, 0))
-    for head_dim in (64, 128):
+    for head_dim in (64, 80, 128):
         q = torch.zeros(8, 2, head_dim, dtype=torch.bfloat16)
         cu = torch.tensor([0, 8], dtype=torch.int32)
         for device, causal in ((sm90, False), (sm90, True), (sm80, False)):
             varlen.varlen_attention(q, q, q, cu, 8, 1.0, causal, device=device)
-    vision = [TABLES["sm_90"].vision_prefill_config(d, torch.bfloat16) for d in (64, 128)]
+    vision = [TABLES["sm_90"].vision_prefill_config(d, torch.bfloat16) for d in (64, 80)]
     assert None not in vision and TABLES["sm_80"].vision_prefill_config(64, torch.bfloat16) is None
     gluon = ("gluon", WsPrefillConfig(128, 3))
-    assert launched == [("triton", vision[0]), gluon, gluon, ("triton", vision[1]), gluon, gluon]
+    # head_dim 128 has no vision entry: the Gluon kernel as for text
+    assert launched == [("triton", vision[0]), gluon, gluon, ("triton", vision[1]), gluon, gluon, gluon, gluon, gluon]
 
 
 def _paged_case(page, group, head_dim, dtype, window=None, config=None):
