@@ -313,7 +313,7 @@ TABLES: dict[str, ArchTable] = {
         prefill_ws_window={64: W(128, 3), 128: W(64, 4), 256: W(64, 2, early_k_release=True)},
         # the vision towers' non-causal attention: the Triton kernel, ahead of the Gluon prefill at head_dim 64 (CLIP,
         # 577-token images) and of the prefill's config at Qwen2-VL's head_dim 80 (split heads), tiles picked at 32 /
-        # 8 images by benchmarks/vision_tune.py (docs/PERF.md#prefill); other heads keep the prefill's kernels
+        # 8 images by benchmarks/vision_tune.py (docs/PERF.md#vision-towers); other heads keep the prefill's kernels
         vision_prefill={64: P(64, 64, 4, 3, True), 80: P(128, 64, 4, 3, False)},
         # warp-specialized decode (decode_ws.py) for grids of at most one CTA per SM (4 stages at head_dim 64/128; 256
         # below; plan.decode_plan says which config takes which grid): 64-key tiles at head_dim 128, 128-key tiles at
