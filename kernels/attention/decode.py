@@ -42,7 +42,7 @@ from vlchat.kernels.attention import carveout, decode_ws, kv_quant, plan
 from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig, check_dtype, table_for
 from vlchat.kernels.attention.gluon_sm90 import LOG2E
 from vlchat.kernels.attention.pdl import dependent_launch, gdc_wait, launch_next_then_wait, pdl_options
-from vlchat.kernels.device import device_for
+from vlchat.kernels.device import TritonMode, device_for
 from vlchat.kernels.launch import launch_compiled
 
 _LOG2E = tl.constexpr(LOG2E)
@@ -82,11 +82,12 @@ def dequant_tile(x, sz_rows, n_ok, offs_d, dtype, QUANT: tl.constexpr):
 
 @triton.jit
 def _codes(x, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,
-           NATIVE_FP8: tl.constexpr):  # fmt: skip
+           NATIVE_FP8: tl.constexpr, PRMT: tl.constexpr):  # fmt: skip
     """A K/V tile of a quantized cache as the decode's dot operand, before any scale: fp8 its values (times 2**-8
     unless NATIVE_FP8: fp8_to_half), int8 and int4 INT_OFFSET + code in float16 (the code's byte under 0x64: one
-    bit operation, exact) or the code in float32; int4 from the packed tile x [BLOCK_N, BLOCK_D // 2], unpacked to
-    the dimension order (low nibble even)."""
+    bit operation, exact; with PRMT, compiled kernels only, two byte permutes make four of them) or the code in
+    float32; int4 from the packed tile x [BLOCK_N, BLOCK_D // 2], unpacked to the dimension order (low nibble
+    even)."""
     if QUANT == 1:
         if NATIVE_FP8:  # cvt from e4m3, two values an instruction (sm_89+)
             return x.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(DOT)
@@ -94,6 +95,11 @@ def _codes(x, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, Q
     if QUANT == 3:
         x = tl.join(x & 15, x >> 4).reshape(BLOCK_N, BLOCK_D)
     if DOT == tl.float16:
+        if PRMT:  # four bytes a register: each byte under 0x64 in its half of the two outputs (selectors 0-3: x's
+            # bytes, 4: 0x64)
+            return tl.inline_asm_elementwise(
+                "prmt.b32 $0, $2, 0x64646464, 0x4140; prmt.b32 $1, $2, 0x64646464, 0x4342;", "=r,=r,r",
+                [x], dtype=tl.float16, is_pure=True, pack=4)  # fmt: skip
         return (x.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
     return x.to(DOT)
 
@@ -115,6 +121,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr,
     PRECISION: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, NATIVE_FP8: tl.constexpr,
+    PRMT: tl.constexpr,
 ):  # fmt: skip
     kvh = tl.program_id(0)
     b = tl.program_id(1)
@@ -168,7 +175,7 @@ def _decode_kernel(
             other=0,
         )  # [BLOCK_N, BLOCK_D] (int4: [BLOCK_N, BLOCK_D // 2])
         if QUANT > 0:
-            k = _codes(k, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8)
+            k = _codes(k, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8, PRMT)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N] fp32
         if QUANT >= 2:  # q . (code * scale + zero) = scale * (q . code) + zero * sum(q)
             k_a, k_z = _row_pairs(ksz_ptr + page * stride_sb + slot * stride_st + kvh * stride_sh, mask_n)
@@ -195,11 +202,11 @@ def _decode_kernel(
             big = tl.where(big > 0, big, 1.0)
             w = (p * (v_a / big)[None, :]).to(q.dtype)
             zero_cols = zero_cols * alpha[:, None] + (p * v_z[None, :] - (INT_OFFSET * big) * w.to(tl.float32))
-            pv = tl.dot(w, _codes(v, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8), input_precision=PRECISION)
+            pv = tl.dot(w, _codes(v, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8, PRMT), input_precision=PRECISION)
             acc = acc * alpha[:, None] + big * pv
         else:
             if QUANT == 1:
-                v = _codes(v, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8)
+                v = _codes(v, q.dtype, BLOCK_N, BLOCK_D, QUANT, NATIVE_FP8, PRMT)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -332,7 +339,8 @@ def paged_decode_attention(
             BLOCK_D=triton.next_power_of_2(head_dim),
             PAGE=page, BLOCK_N=config.block_n, SOFTCAP=bool(softcap and softcap > 0), DIRECT=direct,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, QUANT=kv_quant.QUANT_CODES[fmt],
-            NATIVE_FP8=native_fp8, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(pdl),
+            NATIVE_FP8=native_fp8, PRMT=device.triton == TritonMode.COMPILED, num_warps=config.num_warps,
+            num_stages=config.num_stages, **pdl_options(pdl),
         )  # fmt: skip
     if not direct:
         reduce_partials(part, lse, out, pdl)

@@ -116,7 +116,7 @@ def paged_read_ptx(config) -> str:
 
 def main() -> None:
     consts = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SOFTCAP=False, DIRECT=False,
-                  QUANT=0, NATIVE_FP8=True)  # fmt: skip
+                  QUANT=0, NATIVE_FP8=True, PRMT=True)  # fmt: skip
     report = {
         "decode": before_wait(compile_ptx(decode._decode_kernel, dict(consts, PRECISION="tf32", PDL=True), num_stages=4)),
         "reduce": before_wait(compile_ptx(decode._reduce_kernel, dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=16, PDL=True))),
