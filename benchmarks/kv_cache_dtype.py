@@ -1,7 +1,7 @@
 """Decode attention over fp16, fp8, int8 and int4 KV caches, from 128k keys down to a serving step's 512: time,
 the bytes each actually reads, and that against copy bandwidth.
 
-    python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N] [--sweep]
+    python -m benchmarks.kv_cache_dtype [--out DIR] [--rounds N] [--sweep [--sweep-formats F..] [--sweep-rows R..]]
 
 Rows (q heads, KV heads, batch, keys): Llama-3-8B's 32/8 at batch 1 and 4, MHA 32/32 at batch 1 and GQA 32/8 at
 batch 32 over 8k keys, and the serving load's decode step (Llama-2-7B's MHA at batch 128 and 256 over 512
@@ -196,11 +196,15 @@ def main() -> None:
     ap = results_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--sweep", action="store_true", help="time the quantized decode over a grid of configs")
+    ap.add_argument("--sweep-formats", nargs="+", default=list(SWEEP_FORMATS), choices=FORMATS[2:])
+    ap.add_argument("--sweep-rows", nargs="+", default=None, metavar="Q/KV/BATCH/KEYS",
+                    help="the sweep's rows (default: SWEEP_ROWS), e.g. 32/32/128/512")
     args = ap.parse_args()
     device = get_device_info()
     if args.sweep:
         res = {**device_header(device), "rounds": args.rounds, "copy_gbs": copy_bandwidth_gbs()}
-        res["sweep"] = sweep(device, args.rounds)
+        rows = [tuple(int(v) for v in r.split("/")) for r in args.sweep_rows] if args.sweep_rows else SWEEP_ROWS
+        res["sweep"] = sweep(device, args.rounds, rows, args.sweep_formats)
         save_results(result_stem(args.out, "kv_cache_dtype_sweep", device.name), res, sweep_markdown)
         print(sweep_markdown(res), flush=True)
         return

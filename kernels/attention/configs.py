@@ -128,6 +128,9 @@ class ArchTable:
     prefill: dict[int, PrefillConfig] = field(default_factory=dict)
     # deeper decode pipelines for grids of one wave (splits.deep_splits picks when); only where measured
     decode_deep: dict[int, DecodeConfig] = field(default_factory=dict)
+    # the decode config over an int8 cache, keyed by the exact head_dim it was measured at, in place of the
+    # quantized_tiles of `decode` (int8 codes cost more registers and instructions per byte than fp8's)
+    decode_int8: dict[int, DecodeConfig] = field(default_factory=dict)
     # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs; with a sliding window
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
     prefill_ws_window: dict[int, WsPrefillConfig] = field(default_factory=dict)
@@ -150,12 +153,16 @@ class ArchTable:
     # integer operations (decode._codes)
     native_fp8: bool = False
 
-    def decode_config(self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False) -> DecodeConfig:
+    def decode_config(
+        self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False, int8: bool = False
+    ) -> DecodeConfig:
         """The decode config for queries of `dtype`; over a `quantized` cache (kv_quant.py: one byte an element or
-        less) with twice the keys per tile (quantized_tiles)."""
+        less) with twice the keys per tile (quantized_tiles), over an `int8` one decode_int8's where measured."""
         config = self.decode[_bucket(head_dim)]
-        return _fit(quantized_tiles(config) if quantized else config, head_dim, dtype.itemsize, self.smem_kb,
-                    1 if quantized else dtype.itemsize)  # fmt: skip
+        if quantized:
+            config = self.decode_int8.get(head_dim) if int8 else None
+            config = config or quantized_tiles(self.decode[_bucket(head_dim)])
+        return _fit(config, head_dim, dtype.itemsize, self.smem_kb, 1 if quantized else dtype.itemsize)
 
     def decode_deep_config(
         self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False
@@ -304,6 +311,9 @@ TABLES: dict[str, ArchTable] = {
         decode={64: D(128, 4, 4, 4), 128: D(64, 4, 4, 4), 256: D(32, 4, 3, 2)},
         prefill={64: P(128, 64, 4, 3, True), 128: P(128, 64, 4, 2, True), 256: P(64, 64, 8, 2, True)},
         decode_deep={64: D(128, 4, 6, 2), 128: D(64, 4, 6, 2)},
+        # over int8 caches on grids of several waves: 64-key tiles 6 deep, 1.07x the doubled tiles at 128-256 x 512
+        # keys (benchmarks/kv_cache_dtype.py --sweep; docs/PERF.md#quantized-kv-decode)
+        decode_int8={128: D(64, 4, 6, 4)},
         # warp-specialized prefill (prefill_ws.py): 128-key tiles in a 3-stage ring (225 KB at head_dim 128). With a
         # sliding window, head_dim 128 takes 64-key tiles: the window's bookkeeping made the 128-key consumers spill
         # (compiled for sm_90, Triton 3.6). At head_dim 256 (Gemma 3) 64-key tiles in a 2-stage ring (Q 64 KB + 2 x

@@ -47,6 +47,7 @@ def decode_plan(
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     # quantized caches run the Triton kernel (decode_ws.supports refuses them)
     quantized = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)  # kv_quant.py's formats
+    int8 = k_cache.dtype == torch.uint8 and k_cache.shape[-1] == head_dim  # int4 packs two codes a byte
     ws = gluon and not quantized and decode_ws.available(device, q_heads // kv_heads, page)
     plans = [
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
@@ -65,7 +66,7 @@ def decode_plan(
         if count is not None and num_splits in (None, count):
             config = short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
             return count, stealing_config(config, count, max_context, units)
-    config = many_wave_config(table, head_dim, q.dtype, ws, quantized)
+    config = many_wave_config(table, head_dim, q.dtype, ws, quantized, int8)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     config = packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits, device)
@@ -74,13 +75,13 @@ def decode_plan(
 
 def bound_plan(
     batch: int, q_heads: int, kv_heads: int, head_dim: int, dtype, page: int, max_context: int, device,
-    cache_dtype=None,
+    cache_dtype=None, cache_width: int | None = None,
 ) -> tuple[int, DecodeConfig | WsDecodeConfig]:  # fmt: skip
     """decode_plan for a batch given by its shapes and a context bound, with no tensors (the engine plans its
     batch and context buckets before any step runs them): the query and cache (of `cache_dtype`, default the
     query's) on the meta device, the block table as wide as `max_context` keys need."""
     q = torch.empty(batch, q_heads, head_dim, dtype=dtype, device="meta")
-    k_cache = torch.empty(1, page, kv_heads, head_dim, dtype=cache_dtype or dtype, device="meta")
+    k_cache = torch.empty(1, page, kv_heads, cache_width or head_dim, dtype=cache_dtype or dtype, device="meta")
     tables = torch.empty(batch, -(-max_context // page), dtype=torch.int32, device="meta")
     return decode_plan(q, k_cache, tables, device)
 
@@ -145,12 +146,14 @@ def one_wave_configs(table, head_dim: int, dtype, ws: bool, quantized: bool = Fa
     return list(dict.fromkeys(c for c in configs if c is not None))
 
 
-def many_wave_config(table, head_dim: int, dtype, ws: bool, quantized: bool = False) -> DecodeConfig | WsDecodeConfig:
+def many_wave_config(
+    table, head_dim: int, dtype, ws: bool, quantized: bool = False, int8: bool = False
+) -> DecodeConfig | WsDecodeConfig:
     """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
-    kernel's decode_ws_waves where there is one, else the Triton config (for a `quantized` cache as
-    one_wave_configs)."""
+    kernel's decode_ws_waves where there is one, else the Triton config (for a `quantized` or `int8` cache
+    ArchTable.decode_config's)."""
     waves = table.decode_ws_config(head_dim, dtype, grid="waves") if ws else None
-    return waves or table.decode_config(head_dim, dtype, quantized)
+    return waves or table.decode_config(head_dim, dtype, quantized, int8)
 
 
 def decode_splits(

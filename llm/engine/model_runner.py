@@ -266,7 +266,7 @@ class ModelRunner:
             attn, k_cache = self.attn_layers[0], self.kv_caches[0][0]
             self._plans[bucket, context] = plan.bound_plan(
                 bucket, attn.num_heads, k_cache.shape[2], attn.head_dim, self.dtype, self.block_size, context,
-                device_for(k_cache), cache_dtype=k_cache.dtype,
+                device_for(k_cache), cache_dtype=k_cache.dtype, cache_width=k_cache.shape[-1],
             )  # fmt: skip
         return self._plans[bucket, context]
 

@@ -137,6 +137,10 @@ def test_quantized_cache_configs_take_twice_the_keys_and_fit(arch):
             assert configs.decode_smem_bytes(quant, head_dim, dtype.itemsize, 1) <= table.smem_kb * 1024
             if dtype == torch.float16:
                 assert quant == configs.quantized_tiles(table.decode[configs._bucket(head_dim)])
+            int8 = table.decode_config(head_dim, dtype, quantized=True, int8=True)
+            assert configs.decode_smem_bytes(int8, head_dim, dtype.itemsize, 1) <= table.smem_kb * 1024
+            if dtype == torch.float16:
+                assert int8 == table.decode_int8.get(head_dim, quant)
 
 
 def test_decode_smem_of_a_quantized_cache_matches_what_triton_allocates():
