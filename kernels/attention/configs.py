@@ -128,8 +128,8 @@ class ArchTable:
     prefill: dict[int, PrefillConfig] = field(default_factory=dict)
     # deeper decode pipelines for grids of one wave (splits.deep_splits picks when); only where measured
     decode_deep: dict[int, DecodeConfig] = field(default_factory=dict)
-    # the decode config over an int8 cache, keyed by the exact head_dim it was measured at, in place of the
-    # quantized_tiles of `decode` (int8 codes cost more registers and instructions per byte than fp8's)
+    # the decode config over an int8 cache, keyed by the exact head_dim it was measured at (benchmarks/
+    # kv_cache_dtype.py --sweep), in place of the quantized_tiles of `decode`; only where measured
     decode_int8: dict[int, DecodeConfig] = field(default_factory=dict)
     # the warp-specialized prefill (sm_90 only), keyed by the exact head_dim it runs; with a sliding window
     prefill_ws: dict[int, WsPrefillConfig] = field(default_factory=dict)
@@ -160,8 +160,7 @@ class ArchTable:
         less) with twice the keys per tile (quantized_tiles), over an `int8` one decode_int8's where measured."""
         config = self.decode[_bucket(head_dim)]
         if quantized:
-            config = self.decode_int8.get(head_dim) if int8 else None
-            config = config or quantized_tiles(self.decode[_bucket(head_dim)])
+            config = (self.decode_int8.get(head_dim) if int8 else None) or quantized_tiles(config)
         return _fit(config, head_dim, dtype.itemsize, self.smem_kb, 1 if quantized else dtype.itemsize)
 
     def decode_deep_config(
