@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from vlchat.kernels.attention import decode_ws
+from vlchat.kernels.attention import decode_ws, kv_quant
 from vlchat.kernels.attention import splits as split_model
 from vlchat.kernels.attention.configs import DecodeConfig, WsDecodeConfig, table_for
 
@@ -46,8 +46,8 @@ def decode_plan(
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     # quantized caches run the Triton kernel (decode_ws.supports refuses them)
-    quantized = k_cache.dtype in (torch.uint8, torch.float8_e4m3fn)  # kv_quant.py's formats
-    int8 = k_cache.dtype == torch.uint8 and k_cache.shape[-1] == head_dim  # int4 packs two codes a byte
+    fmt = kv_quant.cache_format(k_cache, head_dim)
+    quantized, int8 = fmt != "auto", fmt == "int8"
     ws = gluon and not quantized and decode_ws.available(device, q_heads // kv_heads, page)
     plans = [
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))

@@ -1,6 +1,7 @@
 """The decode kernel over int8 and int4 caches compiles (ptxas, no GPU needed) with its byte-permute conversion
 (`decode._codes` with PRMT: inline PTX, which the interpreter cannot run) with the oldest and the newest arch
-tables' configs, and the PTX holds the permutes (bf16 queries take the same fp16 dots over these caches). The compiles run in a process of their own:
+tables' configs for the format, and the PTX holds the permutes (bf16 queries take the same fp16 dots over these
+caches). The compiles run in a process of their own:
 
     python -m tests.kernels.test_decode_int_compile
 """
@@ -31,7 +32,7 @@ def compile_all() -> None:
              "out_ptr": "*fp16"}  # fmt: skip
     for name, arch, fmt, label in COMPILES:
         dtype, ptr = (torch.float16, "*fp16") if label == "fp16" else (torch.bfloat16, "*bf16")
-        config = TABLES[name].decode_config(128, dtype, quantized=True)
+        config = TABLES[name].decode_config(128, dtype, quantized=True, int8=fmt == "int8")
         constexprs = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=config.block_n,
                           SOFTCAP=False, DIRECT=False, PRECISION="tf32", PDL=arch >= 90,
                           QUANT=kv_quant.QUANT_CODES[fmt], NATIVE_FP8=False, PRMT=True)  # fmt: skip
