@@ -375,9 +375,17 @@ def main(argv=None) -> None:
         env = report["environment"]
         header = (f"# Serving benchmark\n\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
                   f"transformers {env['transformers']}, {env['date']}\n\n"
-                  f"Workload: {json.dumps(report['workload'])}\n\n")  # fmt: skip
+                  f"Workload: {json.dumps(report['workload'])}\n\n{engine_line(extra.get('vlchat'))}")  # fmt: skip
         path(".md").write_text(header + md + "\n")
         plot(results, path(".png"))
+
+
+def engine_line(info: dict | None) -> str:
+    """The report's line on the vlchat engine's KV cache (empty without a vlchat run)."""
+    if not info or "kv_cache_tokens" not in info:
+        return ""
+    return (f"vlchat engine: {info['kv_cache_dtype']} KV cache of {info['kv_cache_tokens']:,} tokens, at most "
+            f"{info['max_running_seqs']} sequences running at once\n\n")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,10 @@ def test_image_run_on_cpu_reports_engine_and_transformers(shape, tmp_path):
     assert images["preprocess"]["on_engine_thread_s"] == 0.0 and ENGINE_THREAD not in images["preprocess"]["threads"]
     assert 0.0 < images["vision"]["share_of_step_time"] < 1.0
     assert report["workload"]["images_per_request"] == 2
-    assert "vision tower share of step time" in out.parent.joinpath(out.name + ".md").read_text()
+    md = out.parent.joinpath(out.name + ".md").read_text()
+    assert "vision tower share of step time" in md
+    engine = report["backend_info"]["vlchat"]
+    assert f"vlchat engine: auto KV cache of {engine['kv_cache_tokens']:,} tokens" in md
 
 
 def test_steps_while_preprocessing_are_compared_with_quiet_steps_of_their_batch_size():
