@@ -382,7 +382,7 @@ def main(argv=None) -> None:
 
 def engine_line(info: dict | None) -> str:
     """The report's line on the vlchat engine's KV cache (empty without a vlchat run)."""
-    if not info or "kv_cache_tokens" not in info:
+    if not info:
         return ""
     return (f"vlchat engine: {info['kv_cache_dtype']} KV cache of {info['kv_cache_tokens']:,} tokens, at most "
             f"{info['max_running_seqs']} sequences running at once\n\n")
