@@ -154,23 +154,25 @@ class ArchTable:
     native_fp8: bool = False
 
     def decode_config(
-        self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False, int8: bool = False
+        self, head_dim: int, dtype: torch.dtype = torch.float16, cache_format: str = "auto"
     ) -> DecodeConfig:
-        """The decode config for queries of `dtype`; over a `quantized` cache (kv_quant.py: one byte an element or
-        less) with twice the keys per tile (quantized_tiles), over an `int8` one decode_int8's where measured."""
+        """The decode config for queries of `dtype` over a cache of `cache_format` (kv_quant.cache_format): a
+        quantized one (one byte an element or less) with twice the keys per tile (quantized_tiles), int8
+        decode_int8's where measured."""
         config = self.decode[_bucket(head_dim)]
+        quantized = cache_format != "auto"
         if quantized:
-            config = (self.decode_int8.get(head_dim) if int8 else None) or quantized_tiles(config)
+            config = (self.decode_int8.get(head_dim) if cache_format == "int8" else None) or quantized_tiles(config)
         return _fit(config, head_dim, dtype.itemsize, self.smem_kb, 1 if quantized else dtype.itemsize)
 
     def decode_deep_config(
-        self, head_dim: int, dtype: torch.dtype = torch.float16, quantized: bool = False
+        self, head_dim: int, dtype: torch.dtype = torch.float16, cache_format: str = "auto"
     ) -> DecodeConfig | None:
         """The deep-pipeline decode config, or None: where none was measured, and for fp32 (twice the bytes per
-        tile: the two CTAs per SM the config is meant for no longer fit). Over a `quantized` cache with twice the
+        tile: the two CTAs per SM the config is meant for no longer fit). Over a quantized cache with twice the
         keys per tile, as decode_config."""
         config = self.decode_deep.get(_bucket(head_dim)) if dtype.itemsize == 2 else None
-        return quantized_tiles(config) if quantized and config is not None else config
+        return quantized_tiles(config) if cache_format != "auto" and config is not None else config
 
     def decode_ws_config(
         self, head_dim: int, dtype: torch.dtype = torch.float16, grid: str = "one_wave"

@@ -47,11 +47,10 @@ def decode_plan(
     units, max_context = batch * kv_heads, block_tables.shape[1] * page
     # quantized caches run the Triton kernel (decode_ws.supports refuses them)
     fmt = kv_quant.cache_format(k_cache, head_dim)
-    quantized, int8 = fmt != "auto", fmt == "int8"
-    ws = gluon and not quantized and decode_ws.available(device, q_heads // kv_heads, page)
+    ws = gluon and fmt == "auto" and decode_ws.available(device, q_heads // kv_heads, page)
     plans = [
         (c, split_model.deep_splits(units, max_context, _sm_count(device), c.ctas_per_sm))
-        for c in one_wave_configs(table, head_dim, q.dtype, ws, quantized)
+        for c in one_wave_configs(table, head_dim, q.dtype, ws, fmt)
     ]
     # only the one-CTA Gluon config can be followed by a Gluon config at more CTAs per SM (the two-CTA one, head_dim
     # 128): where that one fits the grid in one wave too, the one-CTA config gives way to it at TWO_CTA_COUNTS
@@ -66,7 +65,7 @@ def decode_plan(
         if count is not None and num_splits in (None, count):
             config = short_splits_config(table, one_wave, head_dim, q.dtype, max_context, count)
             return count, stealing_config(config, count, max_context, units)
-    config = many_wave_config(table, head_dim, q.dtype, ws, quantized, int8)
+    config = many_wave_config(table, head_dim, q.dtype, ws, fmt)
     if num_splits is None:
         num_splits = decode_splits(q, k_cache, block_tables, device, config)
     config = packed_config(config, q_heads // kv_heads, kv_heads, page, units, max_context, num_splits, device)
@@ -135,25 +134,25 @@ def long_splits_config(table, head_dim: int, dtype, max_context: int, count: int
     return table.decode_ws_config(head_dim, dtype, grid="long")
 
 
-def one_wave_configs(table, head_dim: int, dtype, ws: bool, quantized: bool = False) -> list:
+def one_wave_configs(table, head_dim: int, dtype, ws: bool, cache_format: str = "auto") -> list:
     """The arch's configs for grids of one wave, in the order decode_plan tries them: with `ws` (decode_ws is
     available for the model's query group and page size) the warp-specialized Gluon kernel's at one CTA per SM,
     then its config for larger grids (decode_ws_waves: at head_dim 128 two CTAs per SM; at 256 the same config,
-    listed once); then the deep Triton config (its `quantized` cache variant: configs.quantized_tiles).
+    listed once); then the deep Triton config (over a quantized `cache_format` its variant: configs.quantized_tiles).
     decode_plan says which takes which grid."""
     gluon = [table.decode_ws_config(head_dim, dtype, grid) for grid in ("one_wave", "waves")] if ws else []
-    configs = gluon + [table.decode_deep_config(head_dim, dtype, quantized)]
+    configs = gluon + [table.decode_deep_config(head_dim, dtype, cache_format)]
     return list(dict.fromkeys(c for c in configs if c is not None))
 
 
 def many_wave_config(
-    table, head_dim: int, dtype, ws: bool, quantized: bool = False, int8: bool = False
+    table, head_dim: int, dtype, ws: bool, cache_format: str = "auto"
 ) -> DecodeConfig | WsDecodeConfig:
     """The arch's config for grids of several waves: with `ws` (as one_wave_configs) the warp-specialized Gluon
-    kernel's decode_ws_waves where there is one, else the Triton config (for a `quantized` or `int8` cache
-    ArchTable.decode_config's)."""
+    kernel's decode_ws_waves where there is one, else the Triton config (ArchTable.decode_config's for
+    `cache_format`)."""
     waves = table.decode_ws_config(head_dim, dtype, grid="waves") if ws else None
-    return waves or table.decode_config(head_dim, dtype, quantized, int8)
+    return waves or table.decode_config(head_dim, dtype, cache_format)
 
 
 def decode_splits(

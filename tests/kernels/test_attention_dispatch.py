@@ -121,7 +121,7 @@ def test_deep_decode_configs_fit_the_ctas_per_sm_they_are_meant_for():
             deep = table.decode_deep_config(head_dim, torch.bfloat16)
             assert deep.ctas_per_sm * configs.decode_smem_bytes(deep, head_dim, 2) <= table.smem_kb * 1024
             assert table.decode_deep_config(head_dim, torch.float32) is None
-            quant = table.decode_deep_config(head_dim, torch.bfloat16, quantized=True)
+            quant = table.decode_deep_config(head_dim, torch.bfloat16, "fp8")
             assert quant.block_n == 2 * deep.block_n
             assert quant.ctas_per_sm * configs.decode_smem_bytes(quant, head_dim, 2, 1) <= table.smem_kb * 1024
 
@@ -133,11 +133,11 @@ def test_quantized_cache_configs_take_twice_the_keys_and_fit(arch):
     table = configs.TABLES[arch]
     for head_dim in (64, 80, 128, 256):
         for dtype in (torch.float16, torch.float32):
-            quant = table.decode_config(head_dim, dtype, quantized=True)
+            quant = table.decode_config(head_dim, dtype, "fp8")
             assert configs.decode_smem_bytes(quant, head_dim, dtype.itemsize, 1) <= table.smem_kb * 1024
             if dtype == torch.float16:
                 assert quant == configs.quantized_tiles(table.decode[configs._bucket(head_dim)])
-            int8 = table.decode_config(head_dim, dtype, quantized=True, int8=True)
+            int8 = table.decode_config(head_dim, dtype, "int8")
             assert configs.decode_smem_bytes(int8, head_dim, dtype.itemsize, 1) <= table.smem_kb * 1024
             if dtype == torch.float16:
                 assert int8 == table.decode_int8.get(head_dim, quant)

@@ -32,7 +32,7 @@ def compile_all() -> None:
              "out_ptr": "*fp16"}  # fmt: skip
     for name, arch, fmt, label in COMPILES:
         dtype, ptr = (torch.float16, "*fp16") if label == "fp16" else (torch.bfloat16, "*bf16")
-        config = TABLES[name].decode_config(128, dtype, quantized=True, int8=fmt == "int8")
+        config = TABLES[name].decode_config(128, dtype, fmt)
         constexprs = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE=16, BLOCK_N=config.block_n,
                           SOFTCAP=False, DIRECT=False, PRECISION="tf32", PDL=arch >= 90,
                           QUANT=kv_quant.QUANT_CODES[fmt], NATIVE_FP8=False, PRMT=True)  # fmt: skip

@@ -243,8 +243,7 @@ def test_decode_quantized_every_arch_config(fmt, arch):
     over the cache; on sm_89+ the fp8 codes convert with the native instructions."""
     device = sim_device(ARCHS[arch])
     table = TABLES[arch]
-    configs = [table.decode_config(128, quantized=True, int8=fmt == "int8"),
-               table.decode_deep_config(128, quantized=True)]  # fmt: skip
+    configs = [table.decode_config(128, cache_format=fmt), table.decode_deep_config(128, cache_format=fmt)]
     configs += [table.decode_config(128), table.decode_deep_config(128)]
     for config in dict.fromkeys(c for c in configs if c is not None):
         out, ref = decode_quant_case(fmt, 4, 128, torch.float16, 2, 16, device=device, config=config)
@@ -276,10 +275,10 @@ def test_int8_caches_plan_their_own_config_on_grids_of_several_waves():
     table = TABLES["sm_90"]
     q, k_cache, tables = plan_inputs(128, 512, kv_heads=32)
     int8 = plan.decode_plan(q, k_cache.to(torch.uint8), tables, device)[1]
-    assert int8 == table.decode_int8[128] != table.decode_config(128, quantized=True)
+    assert int8 == table.decode_int8[128] != table.decode_config(128, cache_format="fp8")
     packed = torch.empty(*k_cache.shape[:-1], 64, dtype=torch.uint8, device="meta")  # int4
     int4 = plan.decode_plan(q, packed, tables, device)
-    assert int4[1] == table.decode_config(128, quantized=True)
+    assert int4[1] == table.decode_config(128, cache_format="int4")
     assert plan.decode_plan(q, k_cache.to(torch.float8_e4m3fn), tables, device)[1] == int4[1]
     bound = partial(plan.bound_plan, 128, 32, 32, 128, torch.float16, 16, 512, device, cache_dtype=torch.uint8)
     assert bound() == (1, int8) and bound(cache_width=64) == int4
