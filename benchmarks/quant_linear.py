@@ -83,13 +83,16 @@ def _random_w4(n: int, k: int, group: int):
 # needs no layout conversion where 32 lanes x 4 columns x the warps along N cover block_n and the other warps take
 # the 4 word rows of its [1, A, 4, block_n] tile: 128/4, 256/8, 64/2 (at any block_k) and 128x64/4.
 # tl.dot makes its codes in the operand registers (no shared-memory round trip) from 4 warps on sm_90 (wgmma).
+# pairs (one fp16 row): block_k // 8 word rows of 4 columns a thread; none of these spills on sm_90.
 GEMV_CANDIDATES = {
     "fma": ((128, 64, 4), (256, 64, 8), (128, 128, 4), (256, 64, 4), (512, 64, 8), (128, 64, 2), (256, 128, 4),
             (64, 128, 1), (256, 128, 8), (64, 64, 2)),
     "dot": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 128, 8), (256, 64, 4), (256, 128, 8)),
     "tf32": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4)),
+    "pairs": ((512, 64, 4), (256, 64, 2), (1024, 64, 8), (512, 32, 4), (256, 128, 4), (512, 128, 8), (256, 64, 4)),
 }  # fmt: skip
 WAVES = (4, 8, 16)
+PAIRS_WAVES = (1, 2, 4, 8)  # the pairs tiles are wide: fewer column tiles, so more K slices at the same waves
 SWEEP_ROWS = (1, 2, 4, 8, 16)
 FMA_VALUES = 256  # products a thread holds per step (rows x its codes) beyond which CUDA-core tiles spill
 
@@ -100,19 +103,21 @@ def sweep_configs(group: int, rows: int, ranked: dict | None = None) -> list:
     from vlchat.kernels.ops.quant_linear import W4GemvConfig
 
     products = ("fma", "dot", "tf32") if rows <= 4 else ("dot", "tf32")
+    products += ("pairs",) if rows == 1 else ()
     configs = []
     for product in products:
         tiles = GEMV_CANDIDATES[product] if ranked is None or rows == 16 else ranked[product]
         if product == "fma":
             tiles = [(bn, bk, w) for bn, bk, w in tiles if rows * bn * min(bk, group) // (32 * w) <= FMA_VALUES]
         for bn, bk, warps in tiles[: len(tiles) if ranked is None or rows == 16 else 2]:
-            configs += [W4GemvConfig(bn, min(bk, group), warps, waves, product != "fma", product == "tf32")
-                        for waves in WAVES]  # fmt: skip
+            configs += [W4GemvConfig(bn, min(bk, group), warps, waves, product in ("dot", "tf32"), product == "tf32",
+                                     product == "pairs")
+                        for waves in (PAIRS_WAVES if product == "pairs" else WAVES)]  # fmt: skip
     return list(dict.fromkeys(configs))
 
 
 def config_name(cfg) -> str:
-    product = ("tf32" if cfg.tf32 else "dot") if cfg.dot else "fma"
+    product = ("tf32" if cfg.tf32 else "dot") if cfg.dot else ("pairs" if cfg.pairs else "fma")
     return f"{product} {cfg.block_n}x{cfg.block_k}/{cfg.num_warps}w/{cfg.waves}wv"
 
 
@@ -134,8 +139,9 @@ def sweep(x, quant, group: int, configs: list, want) -> dict:
     return times
 
 
-def run_sweep(group: int) -> dict:
-    """The GEMV sweep over SWEEP_ROWS and the four projections; each config's layer sum (the four added)."""
+def run_sweep(group: int, sweep_rows=SWEEP_ROWS) -> dict:
+    """The GEMV sweep over `sweep_rows` (the first must be 1) and the four projections; each config's layer sum
+    (the four added)."""
     from vlchat.kernels.device import get_device_info
     from vlchat.kernels.ops.quant_linear import dequantize_w4, launch_config
 
@@ -145,7 +151,7 @@ def run_sweep(group: int) -> dict:
     keep = None
     table = {}
     named = {}
-    for rows in SWEEP_ROWS:
+    for rows in sweep_rows:
         for name, (n, k) in SHAPES.items():
             quant_bytes = w4_bytes(n, k, group)
             sets = max(2, int(L2_DEFEAT_BYTES // quant_bytes))
@@ -338,10 +344,11 @@ def main() -> None:
     parser = results_parser(__doc__)
     parser.add_argument("--group", type=int, default=128, choices=(32, 64, 128))
     parser.add_argument("--sweep", action="store_true", help="only the GEMV sweep of decode rows")
+    parser.add_argument("--sweep-rows", type=int, nargs="+", default=list(SWEEP_ROWS), help="its row counts (1 first)")
     args = parser.parse_args()
     device = get_device_info()
     if args.sweep:
-        res = {**device_header(device), "group": args.group, **run_sweep(args.group)}
+        res = {**device_header(device), "group": args.group, **run_sweep(args.group, args.sweep_rows)}
         save_results(result_stem(args.out, "quant_linear_sweep", device.name), res, sweep_markdown)
         print(sweep_markdown(res))
         return

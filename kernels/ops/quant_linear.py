@@ -79,6 +79,7 @@ class W4GemvConfig:
     waves: int  # programs per SM the split count aims at
     dot: bool  # tl.dot on 16-row tiles (tensor cores), else products and sums on the CUDA cores
     tf32: bool = False  # with dot and 16-bit x: the fp32 codes of the CUDA-core path in a tf32 dot (exact too)
+    pairs: bool = False  # one fp16 row: half2 products (`_w4a16_gemv_pairs_kernel`), block_k // 8 word rows a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +342,99 @@ def _w4a16_gemv_kernel(
                    HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
 
+# x enters the pairs kernel's half2 products times 1 / PAIR_FACTOR (2**-5, X_PAIR_SCALE in both fp16 halves): a step
+# adds 32 products x * (q - z) (|q - z| <= 15) per fp16 lane, which stay finite unless the step's 32 x of a lane sum
+# to more than 32 * 65504 / 15 in magnitude; only |x| under 2**-9 becomes subnormal (relative error above fp16's)
+PAIR_FACTOR = tl.constexpr(32.0)
+X_PAIR_SCALE = tl.constexpr(0x28002800)
+
+
+@triton.jit
+def _hmul2(a, b):
+    return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)  # fmt: skip
+
+
+@triton.jit
+def _hadd2(a, b):
+    return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)  # fmt: skip
+
+
+@triton.jit
+def _nibble_pairs(words, MASK: tl.constexpr, SCALE: tl.constexpr, neg_zero):
+    # `_code_pairs` for one s: the fp16 pair q - z of the nibbles under MASK (times SCALE, minus the offset + z)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t, c; mov.b32 c, $3; lop3.b32 t, $1, $2, 0x64006400, 0xEA; fma.rn.f16x2 $0, t, c, $4; }",
+        "=r,r,n,n,r", [words, MASK, SCALE, neg_zero], dtype=tl.int32, is_pure=True, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _pair_step(packed, zq, x_ptr, k0, ROWS: tl.constexpr, ASM: tl.constexpr):
+    # packed: [ROWS, BN] words of K rows k0 .. k0 + 8 ROWS, zq: [BN] -> [BN] fp32 sum of x * (q - z) / PAIR_FACTOR.
+    # Word row r's pair s (s < 4) holds the codes of K rows 8r + s and 8r + s + 4 (`_code_pairs`); x is paired alike,
+    # the products and their sum over the pairs and rows are half2, then the two halves are added in fp32.
+    xk = k0 + 8 * tl.arange(0, ROWS)[:, None] + tl.arange(0, 4)[None, :]  # [ROWS, 4]: K of pair s's low half
+    if ASM:
+        lo = tl.load(x_ptr + xk).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi = tl.load(x_ptr + xk + 4).to(tl.int16, bitcast=True).to(tl.int32) << 16
+        xp = _hmul2(lo | hi, tl.full(lo.shape, X_PAIR_SCALE, tl.int32))
+        even, odd = tl.split(tl.reshape(xp, (ROWS, 2, 2)))
+        x0, x2 = tl.split(even)
+        x1, x3 = tl.split(odd)
+        high = packed >> 8  # nibbles 2, 3, 6, 7 where 0, 1, 4, 5 were
+        nz_even = ((0xE400 + zq) * 0x10001)[None, :]  # -(1024 + z) in both halves
+        nz_odd = ((0xD400 + 16 * zq) * 0x10001)[None, :]  # -(64 + z)
+        c0 = _nibble_pairs(packed, 0x000F000F, 0x3C003C00, nz_even)
+        c1 = _nibble_pairs(packed, 0x00F000F0, 0x2C002C00, nz_odd)  # 16q in place, times 1/16
+        c2 = _nibble_pairs(high, 0x000F000F, 0x3C003C00, nz_even)
+        c3 = _nibble_pairs(high, 0x00F000F0, 0x2C002C00, nz_odd)
+        sums = _hadd2(_hadd2(_hmul2(x0[:, None], c0), _hmul2(x1[:, None], c1)),
+                      _hadd2(_hmul2(x2[:, None], c2), _hmul2(x3[:, None], c3)))  # fmt: skip
+        sums = tl.reduce(sums, 0, _hadd2)  # [BN]
+        lo = sums.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return lo + (sums >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:  # the interpreter (no inline PTX): the same sum in fp32
+        shifts = 4 * tl.arange(0, 4)
+        lo = tl.load(x_ptr + xk).to(tl.float32)[:, None, :]
+        hi = tl.load(x_ptr + xk + 4).to(tl.float32)[:, None, :]
+        q_lo = ((packed[:, :, None] >> shifts[None, None, :]) & 0xF) - zq[None, :, None]  # [ROWS, BN, 4]
+        q_hi = ((packed[:, :, None] >> (shifts + 16)[None, None, :]) & 0xF) - zq[None, :, None]
+        sums = tl.sum(lo * q_lo.to(tl.float32) + hi * q_hi.to(tl.float32), axis=2)
+        return tl.sum(sums, axis=0) / PAIR_FACTOR
+
+
+@triton.jit
+def _w4a16_gemv_pairs_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr, N, K, stride_om, k_per_split,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    # One fp16 row x [K] (K a multiple of 8 ROWS, no g_idx) against qweight [K // 8, N]: `_w4a16_gemv_kernel`'s split
+    # grid and finish, each step ROWS word rows of BLOCK_N columns (all of a column's rows in one thread), its
+    # products in half2 pairs (`_pair_step`): two codes made, multiplied and added per instruction.
+    pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
+        1, N, K, k_per_split, 1, BLOCK_N)  # fmt: skip
+    offs_r = tl.arange(0, ROWS)
+    w_ptrs = qw_ptr + (k_begin // 8 + offs_r).to(tl.int64)[:, None] * N + offs_n[None, :]  # [ROWS, BN]
+    packed = tl.load(w_ptrs, mask=n_mask[None, :], other=0)  # before the wait, as `_w4a16_gemv_kernel`
+    launch_next_then_wait(PDL)
+    acc = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, 8 * ROWS):
+        w_ptrs += ROWS * N
+        following = tl.load(w_ptrs, mask=(k0 + 8 * ROWS < k_end) & n_mask[None, :], other=0)
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zq = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
+        else:
+            zq = tl.full((BLOCK_N,), 8, tl.int32)
+        acc += (_pair_step(packed, zq, x_ptr, k0, ROWS, ASM) * (s * PAIR_FACTOR))[None, :]
+        packed = following
+    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, 1, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
+                   HAS_BIAS, SPLIT, CHUNK, 1, BLOCK_N)  # fmt: skip
+
+
 @triton.jit
 def _w4a16_gemm_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_om,
@@ -481,6 +575,10 @@ def inline_codes(device: DeviceInfo, dtype: torch.dtype) -> bool:
 def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
     m, k = x.shape
     n = qweight.shape[1]
+    if cfg.pairs:
+        if pairs_apply(m, k, x.dtype, g_idx, cfg):
+            return _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg, splits, device)
+        cfg = replace(cfg, pairs=False)  # the same tiles on the general kernel
     block_m = max(16, triton.next_power_of_2(m)) if cfg.dot else triton.next_power_of_2(m)
     plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
@@ -492,6 +590,26 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, MAGIC=MAGIC[x.dtype],
         SPLIT=plan.splits > 1, CHUNK=plan.chunk, TF32=cfg.tf32, PDL=pdl, ASM=inline_codes(device, x.dtype),
         num_warps=cfg.num_warps, **pdl_options(pdl),
+    )  # fmt: skip
+    return plan.out
+
+
+def pairs_apply(m: int, k: int, dtype: torch.dtype, g_idx, cfg: W4GemvConfig) -> bool:
+    """Whether a `pairs` config runs `_w4a16_gemv_pairs_kernel`: one fp16 row, groups without g_idx, K in whole
+    steps; other calls take the general kernel with the same tiles."""
+    return m == 1 and dtype == torch.float16 and g_idx is None and k % cfg.block_k == 0
+
+
+def _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
+    k, n = x.shape[1], qweight.shape[1]
+    plan = split_plan(x, n, cfg, 1, splits, device.sm_count)
+    pdl = dependent_launch(device)
+    launch_compiled(_w4a16_gemv_pairs_kernel, (plan.tiles, plan.splits),
+        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, plan.out,
+        plan.part, plan.counters, n, k, plan.out.stride(0), plan.k_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
+        ROWS=cfg.block_k // PACK, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
+        ASM=device.triton == TritonMode.COMPILED, num_warps=cfg.num_warps, **pdl_options(pdl),
     )  # fmt: skip
     return plan.out
 

@@ -122,6 +122,39 @@ def test_every_split_of_k_gives_the_same_sums(rows, splits):
         assert not split_counters(x.device, 1).any()
 
 
+PAIRS_CASES = [  # (group, zeros, bias, block_k, splits)
+    (128, True, False, 64, 3),
+    (32, False, True, 32, 1),
+    (64, True, True, 64, 7),
+]
+
+
+@pytest.mark.parametrize("group, zeros, bias, block_k, splits", PAIRS_CASES, ids=lambda v: str(v))
+def test_the_pairs_gemv_matches_float64(group, zeros, bias, block_k, splits):
+    """One fp16 row on the half2 pairs kernel (its inline PTX compiled on a GPU, its fp32 twin interpreted), split
+    over K, masked columns; activations up to 3000 stay finite in its half2 sums; the counters back at zero."""
+    n = N - 8  # not a multiple of the tile on either device
+    qweight, scales, z, _ = _weights(K, n, group, zeros, False, torch.float16, seed=group)
+    x = torch.randn(1, K, device=DEV)
+    x[0, :16] = 3000.0 * torch.tensor([1, -1] * 8)  # a few massive activations, as real decoder layers have
+    x = x.half()
+    b = torch.randn(n, device=DEV).half() if bias else None
+    cfg = W4GemvConfig(512 if ON_GPU else 32, block_k, 4, 4, False, pairs=True)
+    for _ in range(2):  # the second call runs on the counters the first left
+        got = w4a16_triton(x, qweight, scales, z, None, group, b, config=cfg, splits=splits)
+        _assert_close(got, _want(x, qweight, scales, z, None, group, b), torch.float16)
+    assert not split_counters(x.device, 1).any()
+
+
+@pytest.mark.parametrize("rows, dtype, g_idx", [(2, torch.float16, False), (1, torch.float32, False),
+                                                (1, torch.float16, True)], ids=str)  # fmt: skip
+def test_a_pairs_config_takes_the_general_kernel_where_it_does_not_apply(rows, dtype, g_idx):
+    qweight, scales, z, gi = _weights(K, N, 64, True, g_idx, dtype, seed=rows)
+    x = torch.randn(rows, K, device=DEV).to(dtype)
+    got = w4a16_triton(x, qweight, scales, z, gi, 64, config=W4GemvConfig(32, 64, 4, 4, False, pairs=True))
+    _assert_close(got, _want(x, qweight, scales, z, gi, 64), dtype)
+
+
 def test_a_strided_input_row_and_smaller_tiles():
     qweight, scales, z, gi = _weights(K, N, 64, True, False, torch.float16, seed=9)
     x = torch.randn(2, 2 * K, device=DEV).to(torch.float16)[:, ::2]  # last stride 2

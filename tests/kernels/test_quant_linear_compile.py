@@ -1,5 +1,5 @@
 """The W4A16 tl.dot GEMV compiles (ptxas, no GPU needed) for an arch without bf16 pairs and for sm_90, in both 16-bit
-dtypes: its inline PTX (`_dot_codes`) uses instructions that older arches lack, and `inline_codes` must keep them
+dtypes, and the one-row half2 kernel (`_w4a16_gemv_pairs_kernel`): their inline PTX uses instructions that older arches lack, and `inline_codes` must keep them
 from those. The compiles run in a process of their own (compiled, not interpreted):
 
     python -m tests.kernels.test_quant_linear_compile
@@ -27,12 +27,13 @@ def test_inline_codes_only_where_compiled_kernels_have_the_instructions():
 
 
 def test_the_dot_gemv_compiles_for_old_and_new_arches():
-    assert compiled_run("tests.kernels.test_quant_linear_compile").split() == [f"sm{a}{b}-{d}" for a, b in ARCHS for d in ("float16", "bfloat16")]
+    want = [f"sm{a}{b}-{d}" for a, b in ARCHS for d in ("float16", "bfloat16", "pairs")]
+    assert compiled_run("tests.kernels.test_quant_linear_compile").split() == want
 
 
 def compile_all() -> None:
     from tests.kernels.sm90_ptx import compile_ptx
-    from vlchat.kernels.ops.quant_linear import _w4a16_gemv_kernel
+    from vlchat.kernels.ops.quant_linear import _w4a16_gemv_kernel, _w4a16_gemv_pairs_kernel
 
     for cap in ARCHS:
         for dtype in (torch.float16, torch.bfloat16):
@@ -44,6 +45,12 @@ def compile_all() -> None:
             types = {**POINTERS, **{p: elt for p in ("x_ptr", "s_ptr", "b_ptr", "out_ptr")}}
             compile_ptx(_w4a16_gemv_kernel, constexprs, pointer_types=types, arch=cap[0] * 10 + cap[1])
             print(f"sm{cap[0]}{cap[1]}-{name}", flush=True)
+        # the one-row half2 kernel (fp16 pairs: every arch from sm_53 has them)
+        constexprs = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=False, BLOCK_N=512, ROWS=8, SPLIT=True, CHUNK=8,
+                          PDL=False, ASM=True)  # fmt: skip
+        types = {**POINTERS, **{p: "*fp16" for p in ("x_ptr", "s_ptr", "b_ptr", "out_ptr")}}
+        compile_ptx(_w4a16_gemv_pairs_kernel, constexprs, pointer_types=types, arch=cap[0] * 10 + cap[1])
+        print(f"sm{cap[0]}{cap[1]}-pairs", flush=True)
 
 
 if __name__ == "__main__":
