@@ -1,10 +1,11 @@
 """Decode steps per second of a quantized Llama 2 7B against fp16, through the engine (CUDA graphs).
 
-    python -m benchmarks.quant_decode [--out DIR] [--tiny] [--formats fp16,w4a16-g128,fp8]
+    python -m benchmarks.quant_decode [--out DIR] [--tiny] [--formats fp16,w4a16-g128,w4a16-g128-cores,fp8]
 
 One random-weight Llama 2 7B shape (benchmarks/random_model.py; no checkpoint is written) served as fp16, as a
-GPTQ 4-bit checkpoint (group 128, asymmetric: the W4A16 kernel) and quantized to FP8 at load (W8A8, where the GPU
-has FP8 tensor cores). For each, decode steps per second at batch 1 and 16 with 128-token prompts
+GPTQ 4-bit checkpoint (group 128, asymmetric: the W4A16 kernel; `w4a16-g128-cores` the same with one row on the
+CUDA-core GEMV instead of the half2 pairs kernel, the path bf16 takes) and quantized to FP8 at load (W8A8, where the
+GPU has FP8 tensor cores). For each, decode steps per second at batch 1 and 16 with 128-token prompts
 (benchmarks/engine.py's decode_steps_per_s: the engine's own steps, timed after the prefill), each the median of
 --rounds rounds, and the weight-read floor of a step (the format's weight bytes at the copy bandwidth; KV reads
 are left out). Writes quant_decode_<device>.json and .md under --out. `--tiny`: a CPU check with a tiny shape;
@@ -13,10 +14,12 @@ are left out). Writes quant_decode_<device>.json and .md under --out. `--tiny`: 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import statistics
 import tempfile
+from dataclasses import replace
 
 import torch
 
@@ -31,6 +34,7 @@ GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
 FORMATS = {  # name: (quantization_config written to config.json, quantization at load, memory-model format)
     "fp16": (None, None, "fp16"),
     "w4a16-g128": (GPTQ, None, "w4a16-g128"),
+    "w4a16-g128-cores": (GPTQ, None, "w4a16-g128"),  # without the W4A16 table's gemv_pairs
     "fp8": (None, "fp8", "fp8"),
 }
 BATCHES = (1, 16)
@@ -102,12 +106,27 @@ def main() -> None:
         model_dir = write_config_dir(os.path.join(work, name), fields, dtype="float16")
         if quant_config:
             _add_quantization_config(model_dir, quant_config)
-        row = bench_format(name, model_dir, quantization, device.type, rounds, steps, fields["vocab_size"])
+        with _without_pairs(name.endswith("-cores")):
+            row = bench_format(name, model_dir, quantization, device.type, rounds, steps, fields["vocab_size"])
         row["weights_gb"] = model_bytes("7B", memory_format) / 1e9 if not tiny else 1.0
         res["rows"].append(row)
         print(row, flush=True)
     save_results(result_stem(ap_args.out, "quant_decode_tiny" if tiny else "quant_decode", res["device"]), res,
                  markdown)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _without_pairs(active: bool):
+    """With `active`, the W4A16 tables without their one-row pairs config (the CUDA-core GEMV takes one row)."""
+    from vlchat.kernels.ops import quant_linear
+
+    kept = dict(quant_linear.W4A16_CONFIGS)
+    if active:
+        quant_linear.W4A16_CONFIGS.update({a: replace(c, gemv_pairs=None) for a, c in kept.items()})
+    try:
+        yield
+    finally:
+        quant_linear.W4A16_CONFIGS.update(kept)
 
 
 def _add_quantization_config(model_dir: str, quant_config: dict) -> None:

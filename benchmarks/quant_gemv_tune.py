@@ -36,6 +36,7 @@ def main() -> None:
         gemv_cores=quant_linear.W4GemvConfig(**picked["gemv_cores"]),
         gemv_dot=quant_linear.W4GemvConfig(**picked["gemv_dot"]),
         dot_rows=picked["dot_rows"],
+        gemv_pairs=quant_linear.W4GemvConfig(**picked["gemv_pairs"]) if picked["gemv_pairs"] else None,
     )
     print(f"entry {arch}: {quant_linear.W4A16_CONFIGS[arch]}", flush=True)
     with open(os.path.join(args.out, "picked.json"), "w") as f:

@@ -162,7 +162,7 @@ def run_sweep(group: int, sweep_rows=SWEEP_ROWS) -> dict:
             x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
             want = F.linear(x.float(), dequantize_w4(*quant[0], None, group, torch.float16).float())
             configs = sweep_configs(group, rows, keep)
-            rule = launch_config(rows, group, False, device)
+            rule = launch_config(rows, group, False, device, torch.float16)
             configs = list(dict.fromkeys([rule, *configs]))
             table[rows] = config_name(rule)
             named.update({config_name(c): c for c in configs})
@@ -186,21 +186,25 @@ def run_sweep(group: int, sweep_rows=SWEEP_ROWS) -> dict:
 
 
 def pick_gemv(rows: list[dict]) -> dict:
-    """The GEMV entries of a table from a sweep's rows: the CUDA-core config fastest over a layer at one row, the
-    tl.dot config fastest at 16, and dot_rows: the fewest rows (of 1, 2, 4; else 8) at which the best tl.dot config
-    measured beats the best CUDA-core one, and at most the row count whose row slots (a power of two) would hold
-    more than FMA_VALUES products per thread in the CUDA-core tiles (they spill)."""
+    """The GEMV entries of a table from a sweep's rows: the pairs config fastest over a layer at one row (None if
+    none was swept), the other CUDA-core config fastest there (bf16 and g_idx rows), the tl.dot config fastest at
+    16, and dot_rows: the fewest rows (of 1, 2, 4; else 8) at which the best tl.dot config measured beats the best
+    CUDA-core one, and at most the row count whose row slots (a power of two) would hold more than FMA_VALUES
+    products per thread in the CUDA-core tiles (they spill)."""
     best = {}
     for r in rows:
-        key = (r["rows"], r["fields"]["dot"])
+        fields = r["fields"]
+        key = (r["rows"], "dot" if fields["dot"] else "pairs" if fields.get("pairs") else "cores")
         if key not in best or r["layer_us"] < best[key]["layer_us"]:
             best[key] = r
-    dot_wins = [n for n in (1, 2, 4) if best[n, True]["layer_us"] <= best[n, False]["layer_us"]]
-    cores = best[1, False]["fields"]
+    dot_wins = [n for n in (1, 2, 4) if best[n, "dot"]["layer_us"] <= best[n, "cores"]["layer_us"]]
+    cores = best[1, "cores"]["fields"]
     values = cores["block_n"] * cores["block_k"] // (32 * cores["num_warps"])  # products per thread and row slot
     spills = next(n for n in range(1, 18) if n > 16 or triton.next_power_of_2(n) * values > FMA_VALUES)
     dot_rows = min(dot_wins[0] if dot_wins else 8, spills)
-    return {"gemv_cores": cores, "gemv_dot": best[16, True]["fields"], "dot_rows": dot_rows}
+    pairs = best.get((1, "pairs"))
+    return {"gemv_cores": cores, "gemv_dot": best[16, "dot"]["fields"], "dot_rows": dot_rows,
+            "gemv_pairs": pairs["fields"] if pairs else None}  # fmt: skip
 
 
 def _tiles(name: str) -> tuple[int, int, int]:

@@ -18,7 +18,8 @@ Two kernels, chosen by the number of rows M:
   (`_dot_codes`). The slices' fp32 partials meet in a workspace; the last program of a column tile to finish (a
   counter per tile) adds them, adds the bias and writes the output, then sets its counter back to zero: one launch
   per product. With programmatic dependent launch (sm_90) a program loads its first codes before waiting for the
-  kernel before it.
+  kernel before it. One fp16 row without g_idx takes `_w4a16_gemv_pairs_kernel` on the same grid and finish: its
+  products and sums are half2, two codes an instruction (`_pair_step`).
 - More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
   the weight tile dequantized to the activation dtype and fed to tl.dot.
 - DEQUANT_ROWS rows and more (prefill): `_w4_dequant_kernel` writes the whole weight in the activation dtype (a
@@ -79,7 +80,7 @@ class W4GemvConfig:
     waves: int  # programs per SM the split count aims at
     dot: bool  # tl.dot on 16-row tiles (tensor cores), else products and sums on the CUDA cores
     tf32: bool = False  # with dot and 16-bit x: the fp32 codes of the CUDA-core path in a tf32 dot (exact too)
-    pairs: bool = False  # one fp16 row: half2 products (`_w4a16_gemv_pairs_kernel`), block_k // 8 word rows a step
+    pairs: bool = False  # one fp16 row (`pairs_apply`): half2 products, block_k // 8 word rows a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class W4ArchConfigs:
     dot_rows: int
     gemm_small: W4Config  # GEMV_MAX_ROWS < M <= 64
     gemm: W4Config  # M > 64
+    gemv_pairs: W4GemvConfig | None = None  # one fp16 row without g_idx (`pairs_apply`): half2 products
 
 
 # Per compute capability. The GEMV entries are those an H100 (sm_90) measured fastest (docs/PERF.md#w4a16),
@@ -100,13 +102,15 @@ _DOT = W4GemvConfig(64, 128, 4, 4, True)
 # tl.dot from two rows: with the codes made in its operand registers it took 104.5-107.6 us a layer at 4-16 rows on
 # the H100, flat in the rows, against 119.9 for two rows on the CUDA cores' tiles; one row stays on the CUDA cores
 _DOT_ROWS = 2
+# one fp16 row: the half2 pairs kernel took 52.0 us a layer against 71.8 for _CORES on the H100 (its read floor 41.7)
+_PAIRS = W4GemvConfig(512, 32, 4, 4, False, pairs=True)
 W4A16_CONFIGS = {
-    (7, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 1), W4Config(64, 64, 32, 4, 1)),
-    (7, 5): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 2), W4Config(64, 64, 32, 4, 2)),
-    (8, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 3), W4Config(128, 128, 64, 8, 3)),
-    (8, 6): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
-    (8, 9): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2)),
-    (9, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 128, 64, 4, 4), W4Config(128, 128, 64, 8, 4)),
+    (7, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 1), W4Config(64, 64, 32, 4, 1), _PAIRS),
+    (7, 5): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(32, 64, 32, 4, 2), W4Config(64, 64, 32, 4, 2), _PAIRS),
+    (8, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 3), W4Config(128, 128, 64, 8, 3), _PAIRS),
+    (8, 6): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2), _PAIRS),
+    (8, 9): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 64, 64, 4, 2), W4Config(128, 64, 64, 4, 2), _PAIRS),
+    (9, 0): W4ArchConfigs(_CORES, _DOT, _DOT_ROWS, W4Config(64, 128, 64, 4, 4), W4Config(128, 128, 64, 8, 4), _PAIRS),
 }
 
 
@@ -116,11 +120,15 @@ def arch_configs(device: DeviceInfo) -> W4ArchConfigs:
     return W4A16_CONFIGS[max(known)] if known else W4A16_CONFIGS[min(W4A16_CONFIGS)]
 
 
-def launch_config(m: int, group_size: int, has_g_idx: bool, device: DeviceInfo) -> W4Config | W4GemvConfig:
-    """The tiles for M rows (a W4GemvConfig up to GEMV_MAX_ROWS); without g_idx the K step is capped at the group
-    size."""
+def launch_config(
+    m: int, group_size: int, has_g_idx: bool, device: DeviceInfo, dtype: torch.dtype | None = None
+) -> W4Config | W4GemvConfig:
+    """The tiles for M rows of `dtype` (a W4GemvConfig up to GEMV_MAX_ROWS); without g_idx the K step is capped at
+    the group size."""
     table = arch_configs(device)
-    if m <= GEMV_MAX_ROWS:
+    if table.gemv_pairs is not None and pairs_apply(m, dtype, has_g_idx):
+        cfg = table.gemv_pairs
+    elif m <= GEMV_MAX_ROWS:
         cfg = table.gemv_cores if m < table.dot_rows else table.gemv_dot
     else:
         cfg = table.gemm_small if m <= 64 else table.gemm
@@ -576,9 +584,9 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
     m, k = x.shape
     n = qweight.shape[1]
     if cfg.pairs:
-        if pairs_apply(m, k, x.dtype, g_idx, cfg):
+        if pairs_apply(m, x.dtype, g_idx is not None) and k % cfg.block_k == 0:
             return _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg, splits, device)
-        cfg = replace(cfg, pairs=False)  # the same tiles on the general kernel
+        cfg = replace(cfg, pairs=False)  # a config given for a call it cannot run: its tiles on the general kernel
     block_m = max(16, triton.next_power_of_2(m)) if cfg.dot else triton.next_power_of_2(m)
     plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
@@ -594,10 +602,10 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
     return plan.out
 
 
-def pairs_apply(m: int, k: int, dtype: torch.dtype, g_idx, cfg: W4GemvConfig) -> bool:
-    """Whether a `pairs` config runs `_w4a16_gemv_pairs_kernel`: one fp16 row, groups without g_idx, K in whole
-    steps; other calls take the general kernel with the same tiles."""
-    return m == 1 and dtype == torch.float16 and g_idx is None and k % cfg.block_k == 0
+def pairs_apply(m: int, dtype: torch.dtype | None, has_g_idx: bool) -> bool:
+    """Whether `_w4a16_gemv_pairs_kernel` can take the product: one fp16 row, groups without g_idx (fp16 because
+    its sums are half2: bf16's 8-bit mantissa would lose too much)."""
+    return m == 1 and dtype == torch.float16 and not has_g_idx
 
 
 def _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
@@ -622,7 +630,7 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
     n = qweight.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
     device = device_for(x)
-    cfg = config or launch_config(m, group_size, g_idx is not None, device)
+    cfg = config or launch_config(m, group_size, g_idx is not None, device, x.dtype)
     if g_idx is None and group_size % cfg.block_k:
         raise ValueError(f"without g_idx a K step must lie in one group: block_k {cfg.block_k}, group {group_size}")
     if m == 0 or n == 0:

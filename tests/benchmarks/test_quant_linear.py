@@ -62,7 +62,10 @@ def test_the_sweep_picks_the_fastest_product_per_row_count():
             _swept(2, False, 128, 80.0), _swept(2, True, 64, 90.0), _swept(4, False, 64, 95.0),
             _swept(4, True, 64, 91.0), _swept(16, True, 64, 100.0), _swept(16, True, 128, 98.0)]  # fmt: skip
     picked = pick_gemv(rows)
-    assert picked["gemv_cores"]["block_n"] == 128 and not picked["gemv_cores"]["dot"]
+    assert picked["gemv_cores"]["block_n"] == 128 and not picked["gemv_cores"]["dot"] and picked["gemv_pairs"] is None
+    pairs = dict(_swept(1, False, 512, 40.0), fields={**_swept(1, False, 512, 40.0)["fields"], "pairs": True})
+    both = pick_gemv([pairs, *rows])
+    assert both["gemv_pairs"]["block_n"] == 512 and both["gemv_cores"] == picked["gemv_cores"]
     assert picked["gemv_dot"]["block_n"] == 128 and picked["gemv_dot"]["dot"]
     assert picked["dot_rows"] == 4  # tl.dot first wins at four rows; 64 products a row slot fit up to 4 slots
     rows[0]["fields"]["block_k"] = 256  # 256 products a row slot: two rows (two slots) would spill

@@ -176,6 +176,11 @@ def test_tile_and_split_rules():
                 assert gemv.dot == (rows >= table.dot_rows) and gemv.block_k <= group and group % gemv.block_k == 0
             assert launch_config(GEMV_MAX_ROWS + 1, group, False, device).block_m > GEMV_MAX_ROWS
         assert launch_config(1, 32, True, device).block_k >= 32  # with g_idx a step may span groups
+        # one fp16 row without g_idx: the pairs kernel; bf16, g_idx or a second row: the others
+        assert launch_config(1, 128, False, device, torch.float16) == table.gemv_pairs and table.gemv_pairs.pairs
+        for other in (launch_config(1, 128, False, device, torch.bfloat16), launch_config(1, 128, True, device,
+                      torch.float16), launch_config(2, 128, False, device, torch.float16)):  # fmt: skip
+            assert not other.pairs
     assert set(W4A16_CONFIGS) == set(ARCHS.values())
     cfg = W4GemvConfig(64, 128, 4, 4, False)
     assert split_count(4096, 4096, cfg, 132) == 9  # 64 column tiles, 528 programs wanted
