@@ -350,11 +350,10 @@ def _w4a16_gemv_kernel(
                    HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
 
-# x enters the pairs kernel's half2 products times 1 / PAIR_FACTOR (2**-5, X_PAIR_SCALE in both fp16 halves): a step
-# adds 32 products x * (q - z) (|q - z| <= 15) per fp16 lane, which stay finite unless the step's 32 x of a lane sum
-# to more than 32 * 65504 / 15 in magnitude; only |x| under 2**-9 becomes subnormal (relative error above fp16's)
+# The pairs kernel's half2 products are x * (q - z) / PAIR_FACTOR (the codes made scaled, exactly): a step adds 32
+# of them per fp16 lane, which stay finite unless the step's 32 x of a lane sum to more than 32 * 65504 / 15 in
+# magnitude; products under 2**-14 lose precision as fp16 subnormals (a relative error above fp16's for them)
 PAIR_FACTOR = tl.constexpr(32.0)
-X_PAIR_SCALE = tl.constexpr(0x28002800)
 
 
 @triton.jit
@@ -386,17 +385,17 @@ def _pair_step(packed, zq, x_ptr, k0, ROWS: tl.constexpr, ASM: tl.constexpr):
     if ASM:
         lo = tl.load(x_ptr + xk).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         hi = tl.load(x_ptr + xk + 4).to(tl.int16, bitcast=True).to(tl.int32) << 16
-        xp = _hmul2(lo | hi, tl.full(lo.shape, X_PAIR_SCALE, tl.int32))
-        even, odd = tl.split(tl.reshape(xp, (ROWS, 2, 2)))
+        even, odd = tl.split(tl.reshape(lo | hi, (ROWS, 2, 2)))
         x0, x2 = tl.split(even)
         x1, x3 = tl.split(odd)
         high = packed >> 8  # nibbles 2, 3, 6, 7 where 0, 1, 4, 5 were
-        nz_even = ((0xE400 + zq) * 0x10001)[None, :]  # -(1024 + z) in both halves
-        nz_odd = ((0xD400 + 16 * zq) * 0x10001)[None, :]  # -(64 + z)
-        c0 = _nibble_pairs(packed, 0x000F000F, 0x3C003C00, nz_even)
-        c1 = _nibble_pairs(packed, 0x00F000F0, 0x2C002C00, nz_odd)  # 16q in place, times 1/16
-        c2 = _nibble_pairs(high, 0x000F000F, 0x3C003C00, nz_even)
-        c3 = _nibble_pairs(high, 0x00F000F0, 0x2C002C00, nz_odd)
+        # (q - z) / 32, exact: 1024 + q times 2**-5 minus 32 + z / 32; 1024 + 16q times 2**-9 minus 2 + z / 32
+        nz_even = ((0xD000 + zq) * 0x10001)[None, :]
+        nz_odd = ((0xC000 + 16 * zq) * 0x10001)[None, :]
+        c0 = _nibble_pairs(packed, 0x000F000F, 0x28002800, nz_even)
+        c1 = _nibble_pairs(packed, 0x00F000F0, 0x18001800, nz_odd)
+        c2 = _nibble_pairs(high, 0x000F000F, 0x28002800, nz_even)
+        c3 = _nibble_pairs(high, 0x00F000F0, 0x18001800, nz_odd)
         sums = _hadd2(_hadd2(_hmul2(x0[:, None], c0), _hmul2(x1[:, None], c1)),
                       _hadd2(_hmul2(x2[:, None], c2), _hmul2(x3[:, None], c3)))  # fmt: skip
         sums = tl.reduce(sums, 0, _hadd2)  # [BN]
