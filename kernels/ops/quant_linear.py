@@ -350,9 +350,9 @@ def _w4a16_gemv_kernel(
                    HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
 
-# The pairs kernel's half2 products are x * (q - z) / PAIR_FACTOR (the codes made scaled, exactly): a step adds 32
-# of them per fp16 lane, which stay finite unless the step's 32 x of a lane sum to more than 32 * 65504 / 15 in
-# magnitude; products under 2**-14 lose precision as fp16 subnormals (a relative error above fp16's for them)
+# The pairs kernel's half2 products are x * (q - z) / PAIR_FACTOR (the codes made scaled, exactly): a step adds
+# 4 * ROWS of them per fp16 lane (16 with the tables' tiles), which stay finite unless those x sum to more than
+# 32 * 65504 / 15 in magnitude; products under 2**-14 lose precision as fp16 subnormals (relative error above fp16's)
 PAIR_FACTOR = tl.constexpr(32.0)
 
 
