@@ -83,13 +83,15 @@ def _random_w4(n: int, k: int, group: int):
 # needs no layout conversion where 32 lanes x 4 columns x the warps along N cover block_n and the other warps take
 # the 4 word rows of its [1, A, 4, block_n] tile: 128/4, 256/8, 64/2 (at any block_k) and 128x64/4.
 # tl.dot makes its codes in the operand registers (no shared-memory round trip) from 4 warps on sm_90 (wgmma).
-# pairs (one fp16 row): block_k // 8 word rows of 4 columns a thread; none of these spills on sm_90.
+# pairs (up to PAIRS_MAX_ROWS fp16 rows): block_k // 8 word rows of 4 columns a thread; kept to rows x block_k <= 128
+# (x's pairs and the sums per row in registers), where sm_90 compiles them without spilling.
 GEMV_CANDIDATES = {
     "fma": ((128, 64, 4), (256, 64, 8), (128, 128, 4), (256, 64, 4), (512, 64, 8), (128, 64, 2), (256, 128, 4),
             (64, 128, 1), (256, 128, 8), (64, 64, 2)),
     "dot": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 128, 8), (256, 64, 4), (256, 128, 8)),
     "tf32": ((64, 64, 2), (64, 128, 4), (128, 64, 4), (128, 128, 4)),
-    "pairs": ((512, 64, 4), (256, 64, 2), (1024, 64, 8), (512, 32, 4), (256, 128, 4), (512, 128, 8), (256, 64, 4)),
+    "pairs": ((512, 64, 4), (256, 64, 2), (1024, 64, 8), (512, 32, 4), (256, 128, 4), (512, 128, 8), (256, 64, 4),
+              (256, 32, 2), (512, 16, 4), (256, 16, 2)),
 }  # fmt: skip
 WAVES = (4, 8, 16)
 PAIRS_WAVES = (1, 2, 4, 8)  # the pairs tiles are wide: fewer column tiles, so more K slices at the same waves
@@ -100,16 +102,18 @@ FMA_VALUES = 256  # products a thread holds per step (rows x its codes) beyond w
 def sweep_configs(group: int, rows: int, ranked: dict | None = None) -> list:
     """W4GemvConfigs to time at `rows`: every candidate at 1 and 16 rows (CUDA cores only up to 4 rows), else the
     two fastest of each product at one row (`ranked`: product -> tiles, fastest first) that fit FMA_VALUES."""
-    from vlchat.kernels.ops.quant_linear import W4GemvConfig
+    from vlchat.kernels.ops.quant_linear import PAIRS_MAX_ROWS, W4GemvConfig
 
     products = ("fma", "dot", "tf32") if rows <= 4 else ("dot", "tf32")
-    products += ("pairs",) if rows == 1 else ()
+    products += ("pairs",) if rows <= PAIRS_MAX_ROWS else ()
     configs = []
     for product in products:
-        tiles = GEMV_CANDIDATES[product] if ranked is None or rows == 16 else ranked[product]
+        tiles = GEMV_CANDIDATES[product] if ranked is None or rows == 16 or product == "pairs" else ranked[product]
         if product == "fma":
             tiles = [(bn, bk, w) for bn, bk, w in tiles if rows * bn * min(bk, group) // (32 * w) <= FMA_VALUES]
-        for bn, bk, warps in tiles[: len(tiles) if ranked is None or rows == 16 else 2]:
+        if product == "pairs":
+            tiles = [(bn, bk, w) for bn, bk, w in tiles if rows * min(bk, group) <= 128]
+        for bn, bk, warps in tiles[: len(tiles) if ranked is None or rows == 16 or product == "pairs" else 2]:
             configs += [W4GemvConfig(bn, min(bk, group), warps, waves, product in ("dot", "tf32"), product == "tf32",
                                      product == "pairs")
                         for waves in (PAIRS_WAVES if product == "pairs" else WAVES)]  # fmt: skip

@@ -19,7 +19,8 @@ Two kernels, chosen by the number of rows M:
   counter per tile) adds them, adds the bias and writes the output, then sets its counter back to zero: one launch
   per product. With programmatic dependent launch (sm_90) a program loads its first codes before waiting for the
   kernel before it. One fp16 row without g_idx takes `_w4a16_gemv_pairs_kernel` on the same grid and finish: its
-  products and sums are half2, two codes an instruction (`_pair_step`).
+  products and sums are half2, two codes an instruction (`_pair_step`); it takes up to PAIRS_MAX_ROWS rows when a
+  config asks (not measured yet for more than one).
 - More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
   the weight tile dequantized to the activation dtype and fed to tl.dot.
 - DEQUANT_ROWS rows and more (prefill): `_w4_dequant_kernel` writes the whole weight in the activation dtype (a
@@ -53,6 +54,7 @@ GEMV_MAX_ROWS = 16  # rows per call that take the split-k GEMV; more take the ti
 DEQUANT_ROWS = 256  # rows per call from which the weight is dequantized whole and torch multiplies
 PACK = 8  # 4-bit codes per int32
 GROUP_SIZES = (32, 64, 128)
+PAIRS_MAX_ROWS = 4  # rows the half2 pairs GEMV takes (its x pairs and sums per row stay in registers)
 REDUCE_VALUES = 8192  # partial sums the reducing program loads at once ([slices, BLOCK_M, BLOCK_N])
 COUNTER_TILES = 4096  # column tiles the kept split counters cover; a wider product takes fresh zeros per call
 # per activation dtype, the bits of the float whose last mantissa bit weighs 1 (1024, 128, 2^23): a code OR'd in
@@ -80,7 +82,7 @@ class W4GemvConfig:
     waves: int  # programs per SM the split count aims at
     dot: bool  # tl.dot on 16-row tiles (tensor cores), else products and sums on the CUDA cores
     tf32: bool = False  # with dot and 16-bit x: the fp32 codes of the CUDA-core path in a tf32 dot (exact too)
-    pairs: bool = False  # one fp16 row (`pairs_apply`): half2 products, block_k // 8 word rows a step
+    pairs: bool = False  # fp16 rows (`pairs_apply`): half2 products, block_k // 8 word rows a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ def launch_config(
     """The tiles for M rows of `dtype` (a W4GemvConfig up to GEMV_MAX_ROWS); without g_idx the K step is capped at
     the group size."""
     table = arch_configs(device)
-    if table.gemv_pairs is not None and pairs_apply(m, dtype, has_g_idx):
+    if table.gemv_pairs is not None and m == 1 and pairs_apply(m, dtype, has_g_idx):  # more rows: not measured
         cfg = table.gemv_pairs
     elif m <= GEMV_MAX_ROWS:
         cfg = table.gemv_cores if m < table.dot_rows else table.gemv_dot
@@ -377,17 +379,14 @@ def _nibble_pairs(words, MASK: tl.constexpr, SCALE: tl.constexpr, neg_zero):
 
 
 @triton.jit
-def _pair_step(packed, zq, x_ptr, k0, ROWS: tl.constexpr, ASM: tl.constexpr):
-    # packed: [ROWS, BN] words of K rows k0 .. k0 + 8 ROWS, zq: [BN] -> [BN] fp32 sum of x * (q - z) / PAIR_FACTOR.
-    # Word row r's pair s (s < 4) holds the codes of K rows 8r + s and 8r + s + 4 (`_code_pairs`); x is paired alike,
-    # the products and their sum over the pairs and rows are half2, then the two halves are added in fp32.
+def _pair_step(packed, zq, x_ptr, k0, offs_m, m_mask, stride_xm, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+               ASM: tl.constexpr):  # fmt: skip
+    # packed: [ROWS, BN] words of K rows k0 .. k0 + 8 ROWS, zq: [BN] -> [BM, BN] fp32 sums of x * (q - z) /
+    # PAIR_FACTOR for x's rows offs_m. Word row r's pair s (s < 4) holds the codes of K rows 8r + s and 8r + s + 4
+    # (`_code_pairs`); x is paired alike, the products and their sum over the pairs and rows are half2, then the
+    # two halves are added in fp32. The codes are made once for all rows.
     xk = k0 + 8 * tl.arange(0, ROWS)[:, None] + tl.arange(0, 4)[None, :]  # [ROWS, 4]: K of pair s's low half
     if ASM:
-        lo = tl.load(x_ptr + xk).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        hi = tl.load(x_ptr + xk + 4).to(tl.int16, bitcast=True).to(tl.int32) << 16
-        even, odd = tl.split(tl.reshape(lo | hi, (ROWS, 2, 2)))
-        x0, x2 = tl.split(even)
-        x1, x3 = tl.split(odd)
         high = packed >> 8  # nibbles 2, 3, 6, 7 where 0, 1, 4, 5 were
         # (q - z) / 32, exact: 1024 + q times 2**-5 minus 32 + z / 32; 1024 + 16q times 2**-9 minus 2 + z / 32
         nz_even = ((0xD000 + zq) * 0x10001)[None, :]
@@ -396,37 +395,58 @@ def _pair_step(packed, zq, x_ptr, k0, ROWS: tl.constexpr, ASM: tl.constexpr):
         c1 = _nibble_pairs(packed, 0x00F000F0, 0x18001800, nz_odd)
         c2 = _nibble_pairs(high, 0x000F000F, 0x28002800, nz_even)
         c3 = _nibble_pairs(high, 0x00F000F0, 0x18001800, nz_odd)
-        sums = _hadd2(_hadd2(_hmul2(x0[:, None], c0), _hmul2(x1[:, None], c1)),
-                      _hadd2(_hmul2(x2[:, None], c2), _hmul2(x3[:, None], c3)))  # fmt: skip
-        sums = tl.reduce(sums, 0, _hadd2)  # [BN]
+        if BLOCK_M == 1:  # x's pairs as [ROWS]: no row dimension to lay out
+            lo = tl.load(x_ptr + xk).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            hi = tl.load(x_ptr + xk + 4).to(tl.int16, bitcast=True).to(tl.int32) << 16
+            even, odd = tl.split(tl.reshape(lo | hi, (ROWS, 2, 2)))
+            x0, x2 = tl.split(even)
+            x1, x3 = tl.split(odd)
+            sums = _hadd2(_hadd2(_hmul2(x0[:, None], c0), _hmul2(x1[:, None], c1)),
+                          _hadd2(_hmul2(x2[:, None], c2), _hmul2(x3[:, None], c3)))  # fmt: skip
+            sums = tl.reduce(sums, 0, _hadd2)[None, :]  # [1, BN]
+        else:
+            xo = offs_m[:, None, None] * stride_xm + xk[None, :, :]  # [BM, ROWS, 4]
+            lo = tl.load(x_ptr + xo, mask=m_mask[:, None, None], other=0.0)
+            hi = tl.load(x_ptr + xo + 4, mask=m_mask[:, None, None], other=0.0)
+            pairs = (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (
+                hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)  # fmt: skip
+            even, odd = tl.split(tl.reshape(pairs, (BLOCK_M, ROWS, 2, 2)))
+            x0, x2 = tl.split(even)
+            x1, x3 = tl.split(odd)  # [BM, ROWS]
+            sums = _hadd2(_hadd2(_hmul2(x0[:, :, None], c0[None]), _hmul2(x1[:, :, None], c1[None])),
+                          _hadd2(_hmul2(x2[:, :, None], c2[None]), _hmul2(x3[:, :, None], c3[None])))  # fmt: skip
+            sums = tl.reduce(sums, 1, _hadd2)  # [BM, BN]
         lo = sums.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         return lo + (sums >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    else:  # the interpreter (no inline PTX): the same sum in fp32
+    else:  # the interpreter (no inline PTX): the same sums in fp32
         shifts = 4 * tl.arange(0, 4)
-        lo = tl.load(x_ptr + xk).to(tl.float32)[:, None, :]
-        hi = tl.load(x_ptr + xk + 4).to(tl.float32)[:, None, :]
+        xo = offs_m[:, None, None] * stride_xm + xk[None, :, :]  # [BM, ROWS, 4]
+        lo = tl.load(x_ptr + xo, mask=m_mask[:, None, None], other=0.0).to(tl.float32)[:, :, None, :]
+        hi = tl.load(x_ptr + xo + 4, mask=m_mask[:, None, None], other=0.0).to(tl.float32)[:, :, None, :]
         q_lo = ((packed[:, :, None] >> shifts[None, None, :]) & 0xF) - zq[None, :, None]  # [ROWS, BN, 4]
         q_hi = ((packed[:, :, None] >> (shifts + 16)[None, None, :]) & 0xF) - zq[None, :, None]
-        sums = tl.sum(lo * q_lo.to(tl.float32) + hi * q_hi.to(tl.float32), axis=2)
-        return tl.sum(sums, axis=0) / PAIR_FACTOR
+        sums = tl.sum(lo * q_lo.to(tl.float32)[None] + hi * q_hi.to(tl.float32)[None], axis=3)  # [BM, ROWS, BN]
+        return tl.sum(sums, axis=1) / PAIR_FACTOR
 
 
 @triton.jit
 def _w4a16_gemv_pairs_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr, N, K, stride_om, k_per_split,
-    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr, ASM: tl.constexpr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om, k_per_split,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
-    # One fp16 row x [K] (K a multiple of 8 ROWS, no g_idx) against qweight [K // 8, N]: `_w4a16_gemv_kernel`'s split
-    # grid and finish, each step ROWS word rows of BLOCK_N columns (all of a column's rows in one thread), its
-    # products in half2 pairs (`_pair_step`): two codes made, multiplied and added per instruction.
+    # M <= PAIRS_MAX_ROWS fp16 rows x [M, K] (K a multiple of 8 ROWS, no g_idx) against qweight [K // 8, N]:
+    # `_w4a16_gemv_kernel`'s split grid and finish, each step ROWS word rows of BLOCK_N columns (all of a column's
+    # rows in one thread), its products in half2 pairs (`_pair_step`): two codes made, multiplied and added per
+    # instruction.
     pid_n, pid_s, splits, offs_m, offs_n, m_mask, n_mask, k_begin, k_end = split_k_program(
-        1, N, K, k_per_split, 1, BLOCK_N)  # fmt: skip
+        M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     offs_r = tl.arange(0, ROWS)
     w_ptrs = qw_ptr + (k_begin // 8 + offs_r).to(tl.int64)[:, None] * N + offs_n[None, :]  # [ROWS, BN]
     packed = tl.load(w_ptrs, mask=n_mask[None, :], other=0)  # before the wait, as `_w4a16_gemv_kernel`
     launch_next_then_wait(PDL)
-    acc = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, 8 * ROWS):
         w_ptrs += ROWS * N
         following = tl.load(w_ptrs, mask=(k0 + 8 * ROWS < k_end) & n_mask[None, :], other=0)
@@ -436,10 +456,11 @@ def _w4a16_gemv_pairs_kernel(
             zq = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
         else:
             zq = tl.full((BLOCK_N,), 8, tl.int32)
-        acc += (_pair_step(packed, zq, x_ptr, k0, ROWS, ASM) * (s * PAIR_FACTOR))[None, :]
+        step = _pair_step(packed, zq, x_ptr, k0, offs_m, m_mask, stride_xm, ROWS, BLOCK_M, ASM)
+        acc += step * (s * PAIR_FACTOR)[None, :]
         packed = following
-    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, 1, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
-                   HAS_BIAS, SPLIT, CHUNK, 1, BLOCK_N)  # fmt: skip
+    finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
+                   HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -602,20 +623,21 @@ def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig,
 
 
 def pairs_apply(m: int, dtype: torch.dtype | None, has_g_idx: bool) -> bool:
-    """Whether `_w4a16_gemv_pairs_kernel` can take the product: one fp16 row, groups without g_idx (fp16 because
-    its sums are half2: bf16's 8-bit mantissa would lose too much)."""
-    return m == 1 and dtype == torch.float16 and not has_g_idx
+    """Whether `_w4a16_gemv_pairs_kernel` can take the product: up to PAIRS_MAX_ROWS fp16 rows, groups without
+    g_idx (fp16 because its sums are half2: bf16's 8-bit mantissa would lose too much)."""
+    return m <= PAIRS_MAX_ROWS and dtype == torch.float16 and not has_g_idx
 
 
 def _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
-    k, n = x.shape[1], qweight.shape[1]
-    plan = split_plan(x, n, cfg, 1, splits, device.sm_count)
+    (m, k), n = x.shape, qweight.shape[1]
+    block_m = triton.next_power_of_2(m)
+    plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
     launch_compiled(_w4a16_gemv_pairs_kernel, (plan.tiles, plan.splits),
         x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, plan.out,
-        plan.part, plan.counters, n, k, plan.out.stride(0), plan.k_per_split,
-        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n,
-        ROWS=cfg.block_k // PACK, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
+        plan.part, plan.counters, m, n, k, x.stride(0), plan.out.stride(0), plan.k_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n, ROWS=cfg.block_k // PACK, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
         ASM=device.triton == TritonMode.COMPILED, num_warps=cfg.num_warps, **pdl_options(pdl),
     )  # fmt: skip
     return plan.out

@@ -122,21 +122,25 @@ def test_every_split_of_k_gives_the_same_sums(rows, splits):
         assert not split_counters(x.device, 1).any()
 
 
-PAIRS_CASES = [  # (group, zeros, bias, block_k, splits)
-    (128, True, False, 64, 3),
-    (32, False, True, 32, 1),
-    (64, True, True, 64, 7),
+PAIRS_CASES = [  # (rows, group, zeros, bias, block_k, splits)
+    (1, 128, True, False, 64, 3),
+    (1, 32, False, True, 32, 1),
+    (1, 64, True, True, 64, 7),
+    (2, 128, True, False, 32, 3),
+    (3, 64, False, True, 16, 2),
+    (4, 32, True, False, 16, 1),
 ]
 
 
-@pytest.mark.parametrize("group, zeros, bias, block_k, splits", PAIRS_CASES, ids=lambda v: str(v))
-def test_the_pairs_gemv_matches_float64(group, zeros, bias, block_k, splits):
-    """One fp16 row on the half2 pairs kernel (its inline PTX compiled on a GPU, its fp32 twin interpreted), split
-    over K, masked columns; activations up to 3000 stay finite in its half2 sums; the counters back at zero."""
+@pytest.mark.parametrize("rows, group, zeros, bias, block_k, splits", PAIRS_CASES, ids=lambda v: str(v))
+def test_the_pairs_gemv_matches_float64(rows, group, zeros, bias, block_k, splits):
+    """fp16 rows on the half2 pairs kernel (its inline PTX compiled on a GPU, its fp32 twin interpreted), split
+    over K, masked rows and columns; activations up to 3000 stay finite in its half2 sums; the counters back at
+    zero."""
     n = N - 8  # not a multiple of the tile on either device
-    qweight, scales, z, _ = _weights(K, n, group, zeros, False, torch.float16, seed=group)
-    x = torch.randn(1, K, device=DEV)
-    x[0, :16] = 3000.0 * torch.tensor([1, -1] * 8)  # a few massive activations, as real decoder layers have
+    qweight, scales, z, _ = _weights(K, n, group, zeros, False, torch.float16, seed=group + rows)
+    x = torch.randn(rows, K, device=DEV)
+    x[:, :16] = 3000.0 * torch.tensor([1, -1] * 8)  # a few massive activations, as real decoder layers have
     x = x.half()
     b = torch.randn(n, device=DEV).half() if bias else None
     cfg = W4GemvConfig(512 if ON_GPU else 32, block_k, 4, 4, False, pairs=True)
@@ -146,7 +150,7 @@ def test_the_pairs_gemv_matches_float64(group, zeros, bias, block_k, splits):
     assert not split_counters(x.device, 1).any()
 
 
-@pytest.mark.parametrize("rows, dtype, g_idx", [(2, torch.float16, False), (1, torch.float32, False),
+@pytest.mark.parametrize("rows, dtype, g_idx", [(5, torch.float16, False), (1, torch.float32, False),
                                                 (1, torch.float16, True)], ids=str)  # fmt: skip
 def test_a_pairs_config_takes_the_general_kernel_where_it_does_not_apply(rows, dtype, g_idx):
     qweight, scales, z, gi = _weights(K, N, 64, True, g_idx, dtype, seed=rows)

@@ -46,7 +46,7 @@ def compile_all() -> None:
             compile_ptx(_w4a16_gemv_kernel, constexprs, pointer_types=types, arch=cap[0] * 10 + cap[1])
             print(f"sm{cap[0]}{cap[1]}-{name}", flush=True)
         # the one-row half2 kernel (fp16 pairs: every arch from sm_53 has them)
-        constexprs = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=False, BLOCK_N=512, ROWS=8, SPLIT=True, CHUNK=8,
+        constexprs = dict(GROUP=128, HAS_ZEROS=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=512, ROWS=8, SPLIT=True, CHUNK=8,
                           PDL=False, ASM=True)  # fmt: skip
         types = {**POINTERS, **{p: "*fp16" for p in ("x_ptr", "s_ptr", "b_ptr", "out_ptr")}}
         compile_ptx(_w4a16_gemv_pairs_kernel, constexprs, pointer_types=types, arch=cap[0] * 10 + cap[1])
