@@ -379,6 +379,19 @@ def _nibble_pairs(words, MASK: tl.constexpr, SCALE: tl.constexpr, neg_zero):
 
 
 @triton.jit
+def _pair_products(lo, hi, c0, c1, c2, c3, SHAPE: tl.constexpr):
+    # lo, hi: fp16 x of K rows 8r + s and 8r + s + 4 ([*SHAPE, 4], r the last of SHAPE) -> [*SHAPE, BN] half2: each
+    # row's pairs s times the code pairs cs ([ROWS, BN]), the four added
+    pairs = (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    even, odd = tl.split(tl.reshape(pairs, SHAPE + (2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)  # [*SHAPE]
+    d: tl.constexpr = len(SHAPE)  # x's pairs broadcast along the columns
+    return _hadd2(_hadd2(_hmul2(tl.expand_dims(x0, d), c0), _hmul2(tl.expand_dims(x1, d), c1)),
+                  _hadd2(_hmul2(tl.expand_dims(x2, d), c2), _hmul2(tl.expand_dims(x3, d), c3)))  # fmt: skip
+
+
+@triton.jit
 def _pair_step(packed, zq, x_ptr, k0, offs_m, m_mask, stride_xm, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
                ASM: tl.constexpr):  # fmt: skip
     # packed: [ROWS, BN] words of K rows k0 .. k0 + 8 ROWS, zq: [BN] -> [BM, BN] fp32 sums of x * (q - z) /
@@ -396,26 +409,13 @@ def _pair_step(packed, zq, x_ptr, k0, offs_m, m_mask, stride_xm, ROWS: tl.conste
         c2 = _nibble_pairs(high, 0x000F000F, 0x28002800, nz_even)
         c3 = _nibble_pairs(high, 0x00F000F0, 0x18001800, nz_odd)
         if BLOCK_M == 1:  # x's pairs as [ROWS]: no row dimension to lay out
-            lo = tl.load(x_ptr + xk).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            hi = tl.load(x_ptr + xk + 4).to(tl.int16, bitcast=True).to(tl.int32) << 16
-            even, odd = tl.split(tl.reshape(lo | hi, (ROWS, 2, 2)))
-            x0, x2 = tl.split(even)
-            x1, x3 = tl.split(odd)
-            sums = _hadd2(_hadd2(_hmul2(x0[:, None], c0), _hmul2(x1[:, None], c1)),
-                          _hadd2(_hmul2(x2[:, None], c2), _hmul2(x3[:, None], c3)))  # fmt: skip
+            sums = _pair_products(tl.load(x_ptr + xk), tl.load(x_ptr + xk + 4), c0, c1, c2, c3, (ROWS,))
             sums = tl.reduce(sums, 0, _hadd2)[None, :]  # [1, BN]
         else:
             xo = offs_m[:, None, None] * stride_xm + xk[None, :, :]  # [BM, ROWS, 4]
             lo = tl.load(x_ptr + xo, mask=m_mask[:, None, None], other=0.0)
             hi = tl.load(x_ptr + xo + 4, mask=m_mask[:, None, None], other=0.0)
-            pairs = (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (
-                hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)  # fmt: skip
-            even, odd = tl.split(tl.reshape(pairs, (BLOCK_M, ROWS, 2, 2)))
-            x0, x2 = tl.split(even)
-            x1, x3 = tl.split(odd)  # [BM, ROWS]
-            sums = _hadd2(_hadd2(_hmul2(x0[:, :, None], c0[None]), _hmul2(x1[:, :, None], c1[None])),
-                          _hadd2(_hmul2(x2[:, :, None], c2[None]), _hmul2(x3[:, :, None], c3[None])))  # fmt: skip
-            sums = tl.reduce(sums, 1, _hadd2)  # [BM, BN]
+            sums = tl.reduce(_pair_products(lo, hi, c0, c1, c2, c3, (BLOCK_M, ROWS)), 1, _hadd2)  # [BM, BN]
         lo = sums.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         return lo + (sums >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     else:  # the interpreter (no inline PTX): the same sums in fp32
@@ -603,13 +603,20 @@ def inline_codes(device: DeviceInfo, dtype: torch.dtype) -> bool:
 def _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
     m, k = x.shape
     n = qweight.shape[1]
-    if cfg.pairs:
-        if pairs_apply(m, x.dtype, g_idx is not None) and k % cfg.block_k == 0:
-            return _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg, splits, device)
-        cfg = replace(cfg, pairs=False)  # a config given for a call it cannot run: its tiles on the general kernel
+    pairs = cfg.pairs and pairs_apply(m, x.dtype, g_idx is not None) and k % cfg.block_k == 0
+    # (a pairs config given for a call it cannot run: its tiles on the general kernel)
     block_m = max(16, triton.next_power_of_2(m)) if cfg.dot else triton.next_power_of_2(m)
     plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
     pdl = dependent_launch(device)
+    if pairs:
+        launch_compiled(_w4a16_gemv_pairs_kernel, (plan.tiles, plan.splits),
+            x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales,
+            plan.out, plan.part, plan.counters, m, n, k, x.stride(0), plan.out.stride(0), plan.k_per_split,
+            GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+            BLOCK_N=cfg.block_n, ROWS=cfg.block_k // PACK, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
+            ASM=device.triton == TritonMode.COMPILED, num_warps=cfg.num_warps, **pdl_options(pdl),
+        )  # fmt: skip
+        return plan.out
     launch_compiled(_w4a16_gemv_kernel, (plan.tiles, plan.splits),
         x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
         bias if bias is not None else scales, plan.out, plan.part, plan.counters, m, n, k, x.stride(0),
@@ -626,21 +633,6 @@ def pairs_apply(m: int, dtype: torch.dtype | None, has_g_idx: bool) -> bool:
     """Whether `_w4a16_gemv_pairs_kernel` can take the product: up to PAIRS_MAX_ROWS fp16 rows, groups without
     g_idx (fp16 because its sums are half2: bf16's 8-bit mantissa would lose too much)."""
     return m <= PAIRS_MAX_ROWS and dtype == torch.float16 and not has_g_idx
-
-
-def _gemv_pairs(x, qweight, scales, zeros, group_size, bias, cfg: W4GemvConfig, splits, device: DeviceInfo):
-    (m, k), n = x.shape, qweight.shape[1]
-    block_m = triton.next_power_of_2(m)
-    plan = split_plan(x, n, cfg, block_m, splits, device.sm_count)
-    pdl = dependent_launch(device)
-    launch_compiled(_w4a16_gemv_pairs_kernel, (plan.tiles, plan.splits),
-        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, plan.out,
-        plan.part, plan.counters, m, n, k, x.stride(0), plan.out.stride(0), plan.k_per_split,
-        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n, ROWS=cfg.block_k // PACK, SPLIT=plan.splits > 1, CHUNK=plan.chunk, PDL=pdl,
-        ASM=device.triton == TritonMode.COMPILED, num_warps=cfg.num_warps, **pdl_options(pdl),
-    )  # fmt: skip
-    return plan.out
 
 
 def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,

@@ -1,6 +1,7 @@
 """The W4A16 tl.dot GEMV compiles (ptxas, no GPU needed) for an arch without bf16 pairs and for sm_90, in both 16-bit
-dtypes, and the one-row half2 kernel (`_w4a16_gemv_pairs_kernel`): their inline PTX uses instructions that older arches lack, and `inline_codes` must keep them
-from those. The compiles run in a process of their own (compiled, not interpreted):
+dtypes, and so does the half2 pairs GEMV (`_w4a16_gemv_pairs_kernel`, its one-row form): their inline PTX uses
+instructions that older arches lack, and `inline_codes` must keep them from those. The compiles run in a process of
+their own (compiled, not interpreted):
 
     python -m tests.kernels.test_quant_linear_compile
 """
