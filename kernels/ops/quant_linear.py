@@ -100,9 +100,9 @@ class W4ArchConfigs:
 # shared memory; sm_86/89 have 100 KB per SM, sm_80 164 KB, sm_90 228 KB (deeper pipelines, 128 x 128 GEMM tiles).
 # An unknown newer arch takes the closest older entry; the interpreter sm_80's.
 _CORES = W4GemvConfig(128, 128, 4, 8, False)
-_DOT = W4GemvConfig(64, 128, 4, 4, True)
-# tl.dot from two rows: with the codes made in its operand registers it took 104.5-107.6 us a layer at 4-16 rows on
-# the H100, flat in the rows, against 119.9 for two rows on the CUDA cores' tiles; one row stays on the CUDA cores
+_DOT = W4GemvConfig(64, 128, 4, 2, True)
+# tl.dot from two rows: 2 waves the fastest of the H100's sweep at 2-16 rows, ahead of the pairs kernel at two and of
+# the CUDA cores' tiles (docs/PERF.md#w4a16); one row stays on the CUDA cores
 _DOT_ROWS = 2
 # one fp16 row: the half2 pairs kernel took 52.0 us a layer against 71.8 for _CORES on the H100 (its read floor 41.7)
 _PAIRS = W4GemvConfig(512, 32, 4, 4, False, pairs=True)
@@ -286,6 +286,23 @@ def finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b
 
 
 @triton.jit
+def _group_scales(s_ptr, z_ptr, g, N, offs_n, mask, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr):
+    # group g's scales [BN] fp32 and zeros [BN] int32 (8 without zeros) of columns offs_n
+    s = tl.load(s_ptr + g * N + offs_n, mask=mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        return s, tl.load(z_ptr + g * N + offs_n, mask=mask, other=0).to(tl.int32)
+    return s, tl.full((BLOCK_N,), 8, tl.int32)
+
+
+@triton.jit
+def _x_tile(x_ptr, offs_m, m_mask, stride_xm, k0, k_end, BLOCK_K: tl.constexpr):
+    # x's [BM, BK] tile of K rows k0 .. k0 + BK (zeros past k_end)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                   mask=m_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, stride_xm, stride_om, k_per_split,
@@ -299,41 +316,39 @@ def _w4a16_gemv_kernel(
         M, N, K, k_per_split, BLOCK_M, BLOCK_N)  # fmt: skip
     offs_w = tl.arange(0, BLOCK_K // 8)
     w_ptrs = qw_ptr + (k_begin // 8 + offs_w).to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK // 8, BN]
-    # the first codes before the wait: weights are no kernel's output, so their read overlaps the kernel before
-    # this one (dependent launch); x, the counters and every store come after it
+    # the first codes and their group's scales and zeros before the wait: weights are no kernel's output, so their
+    # read overlaps the kernel before this one (dependent launch); x, the counters and every store come after it
     packed = tl.load(w_ptrs, mask=(k_begin + 8 * offs_w < k_end)[:, None] & n_mask[None, :], other=0)
+    s, zq = _group_scales(s_ptr, z_ptr, k_begin // GROUP, N, offs_n, n_mask, HAS_ZEROS, BLOCK_N)
     launch_next_then_wait(PDL)
+    x = _x_tile(x_ptr, offs_m, m_mask, stride_xm, k_begin, k_end, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        # the next step's codes are in flight while this step's are multiplied
+        # the next step's codes, scales, zeros and x are in flight while this step's are multiplied
         w_ptrs += (BLOCK_K // 8) * N
+        more = k0 + BLOCK_K < k_end
         following = tl.load(w_ptrs, mask=(k0 + BLOCK_K + 8 * offs_w < k_end)[:, None] & n_mask[None, :], other=0)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < k_end
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                    other=0.0)  # [BM, BK]  # fmt: skip
+        next_x = _x_tile(x_ptr, offs_m, m_mask, stride_xm, k0 + BLOCK_K, k_end, BLOCK_K)
+        next_s, next_zq = _group_scales(s_ptr, z_ptr, (k0 + BLOCK_K) // GROUP, N, offs_n, n_mask & more, HAS_ZEROS,
+                                        BLOCK_N)  # fmt: skip
         if HAS_GIDX:  # each row its own group: the weight dequantized as the reference rounds it, then multiplied
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < k_end
             g = tl.load(g_ptr + offs_k, mask=k_mask, other=0)
             sz = g.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK, BN]
             sz_mask = k_mask[:, None] & n_mask[None, :]
-            s = tl.load(s_ptr + sz, mask=sz_mask, other=0.0)
+            s_k = tl.load(s_ptr + sz, mask=sz_mask, other=0.0)
             if HAS_ZEROS:
                 z = tl.load(z_ptr + sz, mask=sz_mask, other=0).to(tl.float32)
             else:
                 z = tl.full((BLOCK_K, BLOCK_N), 8.0, tl.float32)
             codes = _biased_codes(packed, 0x4B000000, BLOCK_K, BLOCK_N)
-            w = ((codes - (8388608.0 + z)) * s.to(tl.float32)).to(x.dtype)  # [BK, BN]
+            w = ((codes - (8388608.0 + z)) * s_k.to(tl.float32)).to(x.dtype)  # [BK, BN]
             if DOT:
                 acc = tl.dot(x, w, acc, input_precision="ieee" if MAGIC == 0x4B000000 else "tf32")
             else:
                 acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
         else:  # one group per step: products of x with the exact q - z, summed, then times the group's scale
-            g = k0 // GROUP
-            s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # [BN]
-            if HAS_ZEROS:
-                zq = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
-            else:
-                zq = tl.full((BLOCK_N,), 8, tl.int32)
             if DOT and MAGIC != 0x4B000000 and not TF32:  # 16-bit q - z against 16-bit x: exact products
                 # computed transposed ([BN, BK] x [BK, BM]): the dequantized codes are the product's first operand,
                 # which the tensor cores take from registers; K permuted alike in both (`_dot_codes`)
@@ -347,7 +362,7 @@ def _w4a16_gemv_kernel(
                 else:
                     part = tl.sum(xs[:, :, None] * codes[None, :, :], axis=1)  # [BM, BN]
             acc += part * s[None, :]
-        packed = following
+        packed, x, s, zq = following, next_x, next_s, next_zq
     finish_split_k(acc, pid_n, pid_s, splits, offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr, count_ptr,
                    HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)
 
@@ -450,12 +465,7 @@ def _w4a16_gemv_pairs_kernel(
     for k0 in range(k_begin, k_end, 8 * ROWS):
         w_ptrs += ROWS * N
         following = tl.load(w_ptrs, mask=(k0 + 8 * ROWS < k_end) & n_mask[None, :], other=0)
-        g = k0 // GROUP
-        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            zq = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
-        else:
-            zq = tl.full((BLOCK_N,), 8, tl.int32)
+        s, zq = _group_scales(s_ptr, z_ptr, k0 // GROUP, N, offs_n, n_mask, HAS_ZEROS, BLOCK_N)
         step = _pair_step(packed, zq, x_ptr, k0, offs_m, m_mask, stride_xm, ROWS, BLOCK_M, ASM)
         acc += step * (s * PAIR_FACTOR)[None, :]
         packed = following
