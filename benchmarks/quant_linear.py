@@ -93,7 +93,7 @@ GEMV_CANDIDATES = {
     "pairs": ((512, 64, 4), (256, 64, 2), (1024, 64, 8), (512, 32, 4), (256, 128, 4), (512, 128, 8), (256, 64, 4),
               (256, 32, 2), (512, 16, 4), (256, 16, 2)),
 }  # fmt: skip
-WAVES = (4, 8, 16)
+WAVES = (2, 4, 8, 16)
 PAIRS_WAVES = (1, 2, 4, 8)  # the pairs tiles are wide: fewer column tiles, so more K slices at the same waves
 SWEEP_ROWS = (1, 2, 4, 8, 16)
 FMA_VALUES = 256  # products a thread holds per step (rows x its codes) beyond which CUDA-core tiles spill
