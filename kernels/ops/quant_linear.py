@@ -21,8 +21,9 @@ Two kernels, chosen by the number of rows M:
   kernel before it. One fp16 row without g_idx takes `_w4a16_gemv_pairs_kernel` on the same grid and finish: its
   products and sums are half2, two codes an instruction (`_pair_step`); it takes up to PAIRS_MAX_ROWS rows when a
   config asks (not measured yet for more than one).
-- More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile over all of K,
-  the weight tile dequantized to the activation dtype and fed to tl.dot.
+- More rows (large decode batches): `_w4a16_gemm_kernel`, one program per [BLOCK_M, BLOCK_N] tile and K slice
+  (slices only where the output tiles alone would leave SMs idle, reduced as the GEMV's), the weight tile
+  dequantized to the activation dtype and fed to tl.dot.
 - DEQUANT_ROWS rows and more (prefill): `_w4_dequant_kernel` writes the whole weight in the activation dtype (a
   transient [K, N] tensor) and torch's matmul multiplies: the tiled GEMM dequantizes each weight tile once per row
   tile of x, while one pass over the weight costs about one 16-bit weight read and write beside a product whose
@@ -56,7 +57,8 @@ PACK = 8  # 4-bit codes per int32
 GROUP_SIZES = (32, 64, 128)
 PAIRS_MAX_ROWS = 4  # rows the half2 pairs GEMV takes (its x pairs and sums per row stay in registers)
 REDUCE_VALUES = 8192  # partial sums the reducing program loads at once ([slices, BLOCK_M, BLOCK_N])
-COUNTER_TILES = 4096  # column tiles the kept split counters cover; a wider product takes fresh zeros per call
+COUNTER_TILES = 4096  # output tiles the kept split counters cover; a wider product takes fresh zeros per call
+GEMM_WAVES = 2  # programs per SM the GEMM's K slices aim at
 # per activation dtype, the bits of the float whose last mantissa bit weighs 1 (1024, 128, 2^23): a code OR'd in
 MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300, torch.float32: 0x4B000000}
 
@@ -475,27 +477,33 @@ def _w4a16_gemv_pairs_kernel(
 
 @triton.jit
 def _w4a16_gemm_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_om,
+    x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_om,
+    k_per_split,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GIDX: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MAGIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N].
-    # Program (pid_n, pid_m): a [BLOCK_M, BLOCK_N] tile of the output over all of K.
+    # x: [M, K]; qweight: [K // 8, N] int32; scales/zeros: [K // GROUP, N]; out: [M, N]; part/count: finish_split_k's
+    # (one counter per output tile). Program (pid_n, pid_m, pid_s): a [BLOCK_M, BLOCK_N] tile of the output over K
+    # slice pid_s: with few row tiles the K slices fill the GPU that the output tiles alone would leave idle.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    k_begin = pid_s * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
+        k_mask = offs_k < k_end
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
         offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         packed = tl.load(qw_ptr + offs_w.to(tl.int64)[:, None] * N + offs_n[None, :],
-                         mask=(offs_w < K // 8)[:, None] & n_mask[None, :], other=0)  # [BK // 8, BN] int32  # fmt: skip
+                         mask=(offs_w < k_end // 8)[:, None] & n_mask[None, :], other=0)  # [BK // 8, BN] int32  # fmt: skip
         if HAS_GIDX:  # each row its own group: gather the scales (and zeros) per row
             g = tl.load(g_ptr + offs_k, mask=k_mask, other=0)
             sz_offs = g.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BK, BN]
@@ -511,10 +519,9 @@ def _w4a16_gemm_kernel(
         # (offset + q) - (offset + z) is q - z exactly; one product with the scale rounds it as the reference does
         w = (_biased_codes(packed, MAGIC, BLOCK_K, BLOCK_N) - zero) * s  # [BK, BN] in x's dtype
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    tile = pid_m * tl.num_programs(0) + pid_n  # the output tile's counter
+    finish_split_k(acc, tile, pid_s, tl.num_programs(2), offs_m, offs_n, M, N, stride_om, b_ptr, out_ptr, part_ptr,
+                   count_ptr, HAS_BIAS, SPLIT, CHUNK, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -587,9 +594,10 @@ class SplitPlan:
 
 
 def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, sm_count: int,
-               out_dtype: torch.dtype | None = None) -> SplitPlan:  # fmt: skip
+               out_dtype: torch.dtype | None = None, row_tiles: int = 1) -> SplitPlan:  # fmt: skip
     """The K slices (`splits`, else split_count's) of a GEMV of x [M, K] into N columns with cfg's block_n/block_k,
-    no slice empty, and its output (x's dtype unless `out_dtype`), partials and counters."""
+    no slice empty, and its output (x's dtype unless `out_dtype`), partials and counters (one per column tile and
+    each of `row_tiles` row tiles)."""
     m, k = x.shape
     splits = splits or split_count(n, k, cfg, sm_count)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
@@ -598,7 +606,7 @@ def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, s
     chunk = min(triton.next_power_of_2(splits), max(1, REDUCE_VALUES // (block_m * cfg.block_n)))
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    counters = split_counters(x.device, tiles) if splits > 1 else out  # unread with one slice
+    counters = split_counters(x.device, tiles * row_tiles) if splits > 1 else out  # unread with one slice
     return SplitPlan(splits, k_per_split, tiles, chunk, out, part, counters)
 
 
@@ -648,7 +656,7 @@ def pairs_apply(m: int, dtype: torch.dtype | None, has_g_idx: bool) -> bool:
 def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
                  config: W4Config | W4GemvConfig | None = None, splits: int | None = None):  # fmt: skip
     """The Triton W4A16 product. `config` (a W4GemvConfig: the split-k GEMV at any row count; a W4Config: the GEMM)
-    and `splits` (the GEMV's K slices) override the per-arch choice (tests and benchmarks)."""
+    and `splits` (the K slices of either) override the per-arch choice (tests and benchmarks)."""
     m, k = x.shape
     n = qweight.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -663,16 +671,26 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
         return torch.addmm(bias, x, w) if bias is not None else x @ w
     if isinstance(cfg, W4GemvConfig):  # up to GEMV_MAX_ROWS rows, or more when a benchmark asks for the GEMV
         return _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg, splits, device)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    launch_compiled(_w4a16_gemm_kernel, (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)),
+    row_tiles = triton.cdiv(m, cfg.block_m)
+    splits = splits or gemm_split_count(n, k, row_tiles, cfg, device.sm_count)
+    plan = split_plan(x, n, cfg, cfg.block_m, splits, device.sm_count, row_tiles=row_tiles)
+    launch_compiled(_w4a16_gemm_kernel, (plan.tiles, row_tiles, plan.splits),
         x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
-        bias if bias is not None else scales, out, m, n, k, x.stride(0), out.stride(0),
+        bias if bias is not None else scales, plan.out, plan.part, plan.counters, m, n, k, x.stride(0),
+        plan.out.stride(0), plan.k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_GIDX=g_idx is not None, HAS_BIAS=bias is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, MAGIC=MAGIC[x.dtype],
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SPLIT=plan.splits > 1, CHUNK=plan.chunk,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return out
+    return plan.out
+
+
+def gemm_split_count(n: int, k: int, row_tiles: int, cfg: W4Config, sm_count: int) -> int:
+    """K slices of the GEMM: enough programs for GEMM_WAVES per SM over its output tiles, each slice at least one K
+    step (one slice once the output tiles alone fill them)."""
+    tiles = triton.cdiv(n, cfg.block_n) * row_tiles
+    return max(1, min(triton.cdiv(k, cfg.block_k), triton.cdiv(GEMM_WAVES * sm_count, tiles)))
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from vlchat.kernels.ops.quant_linear import (
     W4GemvConfig,
     dequantize_w4,
     dequantize_w4_triton,
+    gemm_split_count,
     launch_config,
     pack_int4,
     split_count,
@@ -120,6 +121,27 @@ def test_every_split_of_k_gives_the_same_sums(rows, splits):
         got = w4a16_triton(x, qweight, scales, z, gi, 32, b, splits=splits)
         _assert_close(got, _want(x, qweight, scales, z, gi, 32, b), torch.float32)
         assert not split_counters(x.device, 1).any()
+
+
+@pytest.mark.parametrize("splits", [1, 3, 5], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("g_idx", [False, True], ids=["groups", "g_idx"])
+def test_the_gemm_split_over_k_gives_the_same_sums(splits, g_idx):
+    """The GEMM (more rows than the GEMV takes) over K slices: several row and column tiles, each output tile
+    reduced by its own last slice with the bias added once; the counters back at zero after each call."""
+    qweight, scales, z, gi = _weights(K, N, 32, True, g_idx, torch.float16, seed=10 + splits)
+    x = torch.randn(40, K, device=DEV).to(torch.float16)  # three 16-row tiles, the last one masked
+    b = torch.randn(N, device=DEV).half()
+    for _ in range(2):  # the second call runs on the counters the first left
+        got = w4a16_triton(x, qweight, scales, z, gi, 32, b, config=W4Config(16, 16, 32, 2, 1), splits=splits)
+        _assert_close(got, _want(x, qweight, scales, z, gi, 32, b), torch.float16)
+        assert not split_counters(x.device, 1).any()
+
+
+def test_the_gemm_splits_k_where_its_tiles_leave_the_gpu_idle():
+    cfg = W4Config(64, 128, 64, 4, 4)
+    assert gemm_split_count(4096, 4096, 1, cfg, 132) == 9  # 32 output tiles: 9 slices of 7-8 steps for 2 waves
+    assert gemm_split_count(22016, 4096, 2, cfg, 132) == 1  # 344 output tiles fill 2 waves alone
+    assert gemm_split_count(4096, 128, 1, cfg, 132) == 2  # never more slices than K steps
 
 
 PAIRS_CASES = [  # (rows, group, zeros, bias, block_k, splits)
