@@ -58,7 +58,6 @@ GROUP_SIZES = (32, 64, 128)
 PAIRS_MAX_ROWS = 4  # rows the half2 pairs GEMV takes (its x pairs and sums per row stay in registers)
 REDUCE_VALUES = 8192  # partial sums the reducing program loads at once ([slices, BLOCK_M, BLOCK_N])
 COUNTER_TILES = 4096  # output tiles the kept split counters cover; a wider product takes fresh zeros per call
-GEMM_WAVES = 2  # programs per SM the GEMM's K slices aim at
 # per activation dtype, the bits of the float whose last mantissa bit weighs 1 (1024, 128, 2^23): a code OR'd in
 MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300, torch.float32: 0x4B000000}
 
@@ -72,6 +71,7 @@ class W4Config:
     block_k: int  # capped at the group size (a K step stays in one group)
     num_warps: int
     num_stages: int
+    waves: int = 2  # programs per SM the K slices aim at where the output tiles alone leave SMs idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +141,11 @@ def launch_config(
     return cfg
 
 
-def split_count(n: int, k: int, cfg, sm_count: int) -> int:
-    """K slices of a GEMV with cfg's block_n, block_k and waves (a W4GemvConfig or fp8_linear's): enough programs
-    for `cfg.waves` per SM, each slice at least one K step."""
-    tiles = triton.cdiv(n, cfg.block_n)
+def split_count(n: int, k: int, cfg, sm_count: int, row_tiles: int = 1) -> int:
+    """K slices of a product with cfg's block_n, block_k and waves (a W4GemvConfig, W4Config or fp8_linear's) over
+    `row_tiles` row tiles: enough programs for `cfg.waves` per SM, each slice at least one K step (one slice once
+    the output tiles alone fill them)."""
+    tiles = triton.cdiv(n, cfg.block_n) * row_tiles
     steps = triton.cdiv(k, cfg.block_k)
     return max(1, min(steps, triton.cdiv(cfg.waves * sm_count, tiles)))
 
@@ -565,7 +566,7 @@ _counters: dict = {}
 
 
 def split_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 counters for a split GEMV over `tiles` column tiles; each call's last slice of a tile sets its
+    """Zeroed int32 counters for a split product over `tiles` output tiles; each call's last slice of a tile sets its
     counter back to zero. Kept per device and shared by every call: the calls on a device follow one another on
     one stream (the engine's), and a call touches the counters only after its dependent-launch wait, when the call
     before it has ended. Not kept when first asked for during a CUDA-graph capture (memory allocated there belongs
@@ -599,7 +600,7 @@ def split_plan(x: torch.Tensor, n: int, cfg, block_m: int, splits: int | None, s
     no slice empty, and its output (x's dtype unless `out_dtype`), partials and counters (one per column tile and
     each of `row_tiles` row tiles)."""
     m, k = x.shape
-    splits = splits or split_count(n, k, cfg, sm_count)
+    splits = splits or split_count(n, k, cfg, sm_count, row_tiles)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(k, k_per_split)
     tiles = triton.cdiv(n, cfg.block_n)
@@ -672,7 +673,6 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
     if isinstance(cfg, W4GemvConfig):  # up to GEMV_MAX_ROWS rows, or more when a benchmark asks for the GEMV
         return _gemv(x, qweight, scales, zeros, g_idx, group_size, bias, cfg, splits, device)
     row_tiles = triton.cdiv(m, cfg.block_m)
-    splits = splits or gemm_split_count(n, k, row_tiles, cfg, device.sm_count)
     plan = split_plan(x, n, cfg, cfg.block_m, splits, device.sm_count, row_tiles=row_tiles)
     launch_compiled(_w4a16_gemm_kernel, (plan.tiles, row_tiles, plan.splits),
         x, qweight, scales, zeros if zeros is not None else qweight, g_idx if g_idx is not None else qweight,
@@ -684,13 +684,6 @@ def w4a16_triton(x, qweight, scales, zeros, g_idx, group_size, bias=None, *,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return plan.out
-
-
-def gemm_split_count(n: int, k: int, row_tiles: int, cfg: W4Config, sm_count: int) -> int:
-    """K slices of the GEMM: enough programs for GEMM_WAVES per SM over its output tiles, each slice at least one K
-    step (one slice once the output tiles alone fill them)."""
-    tiles = triton.cdiv(n, cfg.block_n) * row_tiles
-    return max(1, min(triton.cdiv(k, cfg.block_k), triton.cdiv(GEMM_WAVES * sm_count, tiles)))
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,6 @@ from vlchat.kernels.ops.quant_linear import (
     W4GemvConfig,
     dequantize_w4,
     dequantize_w4_triton,
-    gemm_split_count,
     launch_config,
     pack_int4,
     split_count,
@@ -139,9 +138,9 @@ def test_the_gemm_split_over_k_gives_the_same_sums(splits, g_idx):
 
 def test_the_gemm_splits_k_where_its_tiles_leave_the_gpu_idle():
     cfg = W4Config(64, 128, 64, 4, 4)
-    assert gemm_split_count(4096, 4096, 1, cfg, 132) == 9  # 32 output tiles: 9 slices of 7-8 steps for 2 waves
-    assert gemm_split_count(22016, 4096, 2, cfg, 132) == 1  # 344 output tiles fill 2 waves alone
-    assert gemm_split_count(4096, 128, 1, cfg, 132) == 2  # never more slices than K steps
+    assert split_count(4096, 4096, cfg, 132, row_tiles=1) == 9  # 32 output tiles: 9 slices of 7-8 steps for 2 waves
+    assert split_count(22016, 4096, cfg, 132, row_tiles=2) == 1  # 344 output tiles fill 2 waves alone
+    assert split_count(4096, 128, cfg, 132, row_tiles=1) == 2  # never more slices than K steps
 
 
 PAIRS_CASES = [  # (rows, group, zeros, bias, block_k, splits)
